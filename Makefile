@@ -1,0 +1,35 @@
+# deviceplane — `make demo` to see it run, `make test` to install everything and run the whole suite.
+PYTHON ?= python3
+CACHE ?= $(HOME)/.cache/deviceplane
+export PATH := $(CACHE)/bin:$(PATH)
+
+.PHONY: deps k8s-bins promtool proto lint test unit demo bench clean
+
+deps:  ## Python package and test dependencies
+	$(PYTHON) -m pip install -q -e '.[test]'
+
+k8s-bins:  ## real kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok and Go device plugins (cached)
+	bash tests/k8s/build.sh
+
+promtool:  ## `promtool check metrics` for the metrics tests
+	bash scripts/install-promtool.sh
+
+proto:  ## regenerate deviceplane/api from proto/
+	$(PYTHON) scripts/gen_proto.py
+
+lint:
+	$(PYTHON) -m ruff check deviceplane tests benchmarks scripts
+	$(PYTHON) -m ruff format --check deviceplane tests benchmarks scripts
+	$(PYTHON) -m mypy deviceplane
+
+test: deps k8s-bins promtool lint
+	$(PYTHON) -m pytest -q -ra
+
+unit: deps
+	$(PYTHON) -m pytest -q -ra tests/unit
+
+demo: deps
+	$(PYTHON) -m deviceplane demo
+
+bench: deps
+	for b in benchmarks/*.py; do $(PYTHON) $$b || exit 1; done

@@ -1,0 +1,53 @@
+"""`deviceplane` command line: each subcommand's module adds its own parser and runs it.
+
+Subcommand modules are imported lazily so that `deviceplane plugin ...` does not pay for kubernetes/kopf imports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand -> module exposing add_arguments(parser) and run(args) -> int
+SUBCOMMANDS = {
+    "agent": ("deviceplane.agent.cli", "run the node agent (device manager)"),
+    "plugin": ("deviceplane.plugin.cli", "run a reference device plugin"),
+    "demo": ("deviceplane.demo", "run the agent with reference plugins and show the result"),
+    "operator": ("deviceplane.operator.cli", "run the DevicePluginConfig operator"),
+}
+
+
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deviceplane", description="Kubernetes device plugins, done right.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Only the chosen subcommand's module is imported; the others get a placeholder parser for --help.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.version:
+        from deviceplane import __version__
+
+        print(__version__)
+        return 0
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
