@@ -1,0 +1,241 @@
+"""Devices, health and plugin endpoints per resource: the kubelet device manager's bookkeeping, pure.
+
+Mirrors spec §4.3.2-4.5 (per-socket endpoints, exact-"Healthy" rule, disconnect marks a resource unhealthy, grace
+period before deletion) with two deliberate improvements over the kubelet:
+
+- Only the *primary* endpoint of a resource (the newest connected one) feeds its device view; every endpoint's last
+  snapshot is kept, so when the primary disconnects the promoted survivor's own devices take over at once. Upstream
+  lets any stream overwrite the view (a stale plugin can clobber a newer one's devices) and keeps the dead primary's
+  health until the survivor happens to send an update.
+- Health transitions are counted per device, for metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from deviceplane.core.constants import HEALTHY, NODE_WITHOUT_TOPOLOGY
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device as the plugin last reported it."""
+
+    id: str
+    health: str
+    numa_nodes: tuple[int, ...] = ()
+
+    @property
+    def is_healthy(self) -> bool:
+        # Upstream compares the exact string: "healthy", "" or anything else counts as unhealthy.
+        return self.health == HEALTHY
+
+    @property
+    def numa_keys(self) -> tuple[int, ...]:
+        """NUMA nodes under which the kubelet books this device (-1 when it has no topology)."""
+        return self.numa_nodes or (NODE_WITHOUT_TOPOLOGY,)
+
+
+@dataclass(frozen=True, slots=True)
+class PluginOptions:
+    pre_start_required: bool = False
+    get_preferred_allocation_available: bool = False
+
+
+@dataclass(slots=True)
+class Endpoint:
+    """A plugin connection for one resource, identified by its socket path.
+
+    `socket_path` is None for the placeholder a checkpoint restores: the resource is known, its plugin is not yet.
+    """
+
+    socket_path: str | None
+    options: PluginOptions | None
+    registered_at: float
+    stop_time: float | None = None
+    devices: tuple[Device, ...] = ()
+
+    @property
+    def is_stopped(self) -> bool:
+        return self.stop_time is not None
+
+    def grace_expired(self, now: float, grace_period: float) -> bool:
+        return self.stop_time is not None and now - self.stop_time > grace_period
+
+
+class AlreadyConnectedError(Exception):
+    """The same (resource, socket) pair connected twice (spec §6.1 item 25)."""
+
+    def __init__(self, resource: str, socket_path: str) -> None:
+        super().__init__(f"device plugin already connected for resource {resource} at socket {socket_path}")
+
+
+@dataclass(slots=True)
+class ResourceState:
+    name: str
+    # Connected endpoints by socket path; empty once the last plugin has gone.
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    # The endpoint whose devices are shown; after the last disconnect it stays here, stopped, for the grace period.
+    primary: Endpoint | None = None
+    all_devices: dict[str, Device] = field(default_factory=dict)
+    healthy: set[str] = field(default_factory=set)
+    unhealthy: set[str] = field(default_factory=set)
+
+    def show(self, devices: Iterable[Device]) -> None:
+        self.all_devices = {}
+        self.healthy = set()
+        self.unhealthy = set()
+        for device in devices:
+            self.all_devices[device.id] = device
+            (self.healthy if device.is_healthy else self.unhealthy).add(device.id)
+
+    def mark_unhealthy(self) -> None:
+        """Spec §4.4 markResourceUnhealthy: healthy moves to unhealthy, the reported devices stay as they were."""
+        self.unhealthy |= self.healthy
+        self.healthy = set()
+
+    @property
+    def connected(self) -> bool:
+        return bool(self.endpoints)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResult:
+    """What one ListAndWatch message changed."""
+
+    applied: bool  # False when it came from a non-primary endpoint (kept, not shown)
+    health_changed: tuple[str, ...] = ()  # IDs whose health flipped or that are new (pods may need telling)
+    transitions: tuple[str, ...] = ()  # IDs whose health flipped (counted for metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    capacity: dict[str, int]
+    allocatable: dict[str, int]
+    deleted: tuple[str, ...]
+
+
+class DeviceRegistry:
+    """All resources known to the device manager. Not thread-safe: the agent calls it from one event loop."""
+
+    def __init__(self, grace_period: float) -> None:
+        self.grace_period = grace_period
+        self.resources: dict[str, ResourceState] = {}
+
+    # -- plugin lifecycle -------------------------------------------------------------------------------------------
+
+    def plugin_connected(self, resource: str, socket_path: str, options: PluginOptions, now: float) -> Endpoint:
+        state = self.resources.get(resource)
+        if state is not None and socket_path in state.endpoints:
+            raise AlreadyConnectedError(resource, socket_path)
+        if state is None:
+            state = self.resources[resource] = ResourceState(resource)
+        endpoint = Endpoint(socket_path, options, registered_at=now)
+        state.endpoints[socket_path] = endpoint
+        # The newest plugin is primary; until its first snapshot the resource shows what it had (upstream keeps the
+        # old sets until the new stream's first message replaces them).
+        state.primary = endpoint
+        return endpoint
+
+    def plugin_reconnected(self, resource: str, socket_path: str, options: PluginOptions, now: float) -> Endpoint:
+        """A plugin registered again on a socket it already holds: it restarted in place (most plugins use a fixed
+        socket name). The new connection takes the old one's place without a disconnect in between, so allocatable
+        never drops to 0 for a restart. Upstream either ignores the second registration or locks the plugin out until
+        the old stream breaks (spec §4.3.2 oddities)."""
+        state = self.resources.get(resource)
+        old = state.endpoints.get(socket_path) if state is not None else None
+        if state is None or old is None:
+            return self.plugin_connected(resource, socket_path, options, now)
+        old.stop_time = now
+        endpoint = Endpoint(socket_path, options, registered_at=now, devices=old.devices)
+        state.endpoints[socket_path] = endpoint
+        if state.primary is old:
+            state.primary = endpoint
+        return endpoint
+
+    def plugin_disconnected(self, resource: str, socket_path: str, now: float) -> bool:
+        """Spec §4.3.2 PluginDisconnected. Returns False (and changes nothing) for an unknown resource or socket."""
+        state = self.resources.get(resource)
+        if state is None:
+            return False
+        endpoint = state.endpoints.pop(socket_path, None)
+        if endpoint is None:
+            return False
+        endpoint.stop_time = now
+        if state.primary is not endpoint:
+            return True
+        if state.endpoints:
+            survivor = max(state.endpoints.values(), key=lambda e: e.registered_at)
+            state.primary = survivor
+            state.show(survivor.devices)
+        else:
+            state.mark_unhealthy()
+        return True
+
+    def apply_snapshot(self, resource: str, socket_path: str, devices: Sequence[Device]) -> SnapshotResult:
+        """One ListAndWatch message: a full replacement of the endpoint's devices (spec §4.4)."""
+        state = self.resources.get(resource)
+        endpoint = state.endpoints.get(socket_path) if state is not None else None
+        if state is None or endpoint is None:
+            return SnapshotResult(applied=False)
+        endpoint.devices = tuple(devices)
+        if state.primary is not endpoint:
+            return SnapshotResult(applied=False)
+        previous = state.all_devices
+        state.show(endpoint.devices)
+        changed: list[str] = []
+        transitions: list[str] = []
+        for device in endpoint.devices:
+            before = previous.get(device.id)
+            if before is None:
+                changed.append(device.id)
+            elif before.health != device.health:
+                changed.append(device.id)
+                transitions.append(device.id)
+        return SnapshotResult(applied=True, health_changed=tuple(changed), transitions=tuple(transitions))
+
+    def restore(self, resources: Iterable[str], now: float) -> None:
+        """Checkpointed resources come back with a stopped placeholder endpoint and no devices: 0/0 until their
+        plugin re-registers, deleted if it does not within the grace period (spec §4.9 read path)."""
+        for resource in resources:
+            state = self.resources.setdefault(resource, ResourceState(resource))
+            if state.primary is None:
+                state.primary = Endpoint(socket_path=None, options=None, registered_at=now, stop_time=now)
+
+    # -- views ------------------------------------------------------------------------------------------------------
+
+    def sweep(self, now: float) -> Capacity:
+        """Spec §4.5 GetCapacity: counts, and removal of resources whose plugin is gone for longer than the grace
+        period (from both health sets, as since kubernetes#133724)."""
+        capacity: dict[str, int] = {}
+        allocatable: dict[str, int] = {}
+        deleted: list[str] = []
+        for name, state in self.resources.items():
+            if state.primary is None or (not state.endpoints and state.primary.grace_expired(now, self.grace_period)):
+                deleted.append(name)
+                continue
+            allocatable[name] = len(state.healthy)
+            capacity[name] = len(state.healthy) + len(state.unhealthy)
+        for name in deleted:
+            del self.resources[name]
+        return Capacity(capacity, allocatable, tuple(deleted))
+
+    def primary_endpoint(self, resource: str) -> Endpoint | None:
+        state = self.resources.get(resource)
+        return state.primary if state is not None else None
+
+    def healthy_ids(self, resource: str) -> set[str]:
+        state = self.resources.get(resource)
+        return set(state.healthy) if state is not None else set()
+
+    def registered_healthy(self) -> dict[str, list[str]]:
+        """The checkpoint's RegisteredDevices: every resource, with its healthy IDs (sorted, for stable bytes)."""
+        return {name: sorted(state.healthy) for name, state in self.resources.items()}
+
+    def allocatable_devices(self) -> dict[str, list[Device]]:
+        """Spec §4.13 GetAllocatableDevices: the healthy devices of every resource."""
+        return {
+            name: [state.all_devices[i] for i in sorted(state.healthy) if i in state.all_devices]
+            for name, state in self.resources.items()
+        }

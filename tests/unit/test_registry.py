@@ -1,0 +1,205 @@
+"""The device registry (core): upstream manager_test.go cases on capacity, health and per-socket endpoints."""
+
+from __future__ import annotations
+
+import pytest
+
+from deviceplane.core.registry import AlreadyConnectedError, Device, DeviceRegistry, PluginOptions
+
+GRACE = 300.0
+OPTS = PluginOptions()
+
+
+def devs(*spec: str) -> list[Device]:
+    """'D1:H' / 'D2:U' shorthand."""
+    return [Device(s.split(":")[0], "Healthy" if s.split(":")[1] == "H" else "Unhealthy") for s in spec]
+
+
+def counts(reg: DeviceRegistry, resource: str, now: float = 0.0) -> tuple[int, int]:
+    cap = reg.sweep(now)
+    return cap.capacity.get(resource, -1), cap.allocatable.get(resource, -1)
+
+
+def test_update_capacity_allocatable() -> None:
+    """§6.1 item 6, TestUpdateCapacityAllocatable (minus the checkpoint half, see test_manager_checkpoint)."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("res1", "/s1", OPTS, now=0)
+    reg.apply_snapshot("res1", "/s1", devs("D1:H", "D2:H", "D3:U"))
+    assert counts(reg, "res1") == (3, 2)
+    reg.apply_snapshot("res1", "/s1", devs("D1:H", "D2:H"))
+    assert counts(reg, "res1") == (2, 2)
+    reg.apply_snapshot("res1", "/s1", devs("D1:H", "D2:U", "D3:H"))
+    assert counts(reg, "res1") == (3, 2)
+    reg.apply_snapshot("res1", "/s1", devs("D2:U", "D3:U"))
+    assert counts(reg, "res1") == (2, 0)
+    reg.plugin_connected("res2", "/s2", OPTS, now=0)
+    reg.apply_snapshot("res2", "/s2", devs("D1:H", "D2:U", "D3:H"))
+    assert set(reg.sweep(0).capacity) == {"res1", "res2"}
+    # e1 disconnected and expired: res1 is deleted from every structure.
+    reg.plugin_disconnected("res1", "/s1", now=0)
+    result = reg.sweep(GRACE + 10)
+    assert result.deleted == ("res1",)
+    assert "res1" not in result.capacity and "res1" not in reg.resources
+    # e2 disconnects: stop time set, all its devices unhealthy.
+    reg.plugin_disconnected("res2", "/s2", now=1)
+    endpoint = reg.primary_endpoint("res2")
+    assert endpoint is not None and endpoint.is_stopped and endpoint.stop_time == 1
+    assert counts(reg, "res2", 2) == (3, 0)
+
+
+def test_exact_healthy_string() -> None:
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", [Device("a", "Healthy"), Device("b", "healthy"), Device("c", ""), Device("d", "X")])
+    assert reg.healthy_ids("r/x") == {"a"}
+    assert counts(reg, "r/x") == (4, 1)
+
+
+def test_allocatable_devices_multiple_resources() -> None:
+    """§6.1 item 7 and 8."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("res1", "/s1", OPTS, 0)
+    reg.plugin_connected("res2", "/s2", OPTS, 0)
+    reg.apply_snapshot("res1", "/s1", devs("R1D1:H", "R1D2:H", "R1D3:U"))
+    reg.apply_snapshot("res2", "/s2", devs("R2D1:H"))
+    got = {r: [d.id for d in ds] for r, ds in reg.allocatable_devices().items()}
+    assert got == {"res1": ["R1D1", "R1D2"], "res2": ["R2D1"]}
+    reg.apply_snapshot("res1", "/s1", devs("R1D1:H", "R1D2:H", "R1D3:H"))
+    assert [d.id for d in reg.allocatable_devices()["res1"]] == ["R1D1", "R1D2", "R1D3"]
+
+
+def test_endpoint_sync_on_disconnect() -> None:
+    """§6.1 item 24 (kubernetes#133702): expiry cleans healthy and unhealthy alike."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H", "c:U"))
+    reg.plugin_disconnected("r/x", "/s", now=10)
+    state = reg.resources["r/x"]
+    assert state.healthy == set() and state.unhealthy == {"a", "b", "c"}
+    assert len(state.all_devices) == 3  # reported devices are untouched (markResourceUnhealthy)
+    assert reg.sweep(10 + GRACE).capacity.get("r/x") == 3  # not yet: strictly greater than the grace period
+    result = reg.sweep(10 + GRACE + 0.001)
+    assert result.deleted == ("r/x",) and reg.resources == {}
+
+
+def test_same_resource_same_socket_rejected() -> None:
+    """§6.1 item 25."""
+    reg = DeviceRegistry(GRACE)
+    first = reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
+    with pytest.raises(AlreadyConnectedError, match=r"device plugin already connected.*/s"):
+        reg.plugin_connected("r/x", "/s", PluginOptions(pre_start_required=True), 1)
+    assert reg.primary_endpoint("r/x") is first
+    assert list(reg.resources["r/x"].endpoints) == ["/s"]
+    assert counts(reg, "r/x") == (2, 2)
+
+
+def test_same_resource_different_sockets_coexist() -> None:
+    """§6.1 item 26."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s1", OPTS, 0)
+    second = reg.plugin_connected("r/x", "/s2", OPTS, 1)
+    assert set(reg.resources["r/x"].endpoints) == {"/s1", "/s2"}
+    assert reg.primary_endpoint("r/x") is second
+
+
+def test_disconnect_wrong_socket_is_noop() -> None:
+    """§6.1 item 27."""
+    reg = DeviceRegistry(GRACE)
+    endpoint = reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
+    assert reg.plugin_disconnected("r/x", "/other", 5) is False
+    assert reg.plugin_disconnected("r/unknown", "/s", 5) is False
+    assert endpoint.stop_time is None
+    assert counts(reg, "r/x") == (2, 2)
+
+
+def test_disconnect_promotes_survivor() -> None:
+    """§6.1 item 28, with our improvement: the survivor's own last snapshot is shown at once."""
+    reg = DeviceRegistry(GRACE)
+    old = reg.plugin_connected("r/x", "/s1", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s1", devs("a:H", "b:H"))
+    primary = reg.plugin_connected("r/x", "/s2", OPTS, 1)
+    reg.apply_snapshot("r/x", "/s2", devs("a:H", "b:H"))
+    assert reg.plugin_disconnected("r/x", "/s2", 2)
+    assert primary.is_stopped
+    assert reg.primary_endpoint("r/x") is old
+    assert counts(reg, "r/x") == (2, 2)
+
+
+def test_survivor_devices_replace_the_dead_primary() -> None:
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s1", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s1", devs("old:H"))
+    reg.plugin_connected("r/x", "/s2", OPTS, 1)
+    reg.apply_snapshot("r/x", "/s2", devs("n1:H", "n2:H"))
+    # A snapshot from the non-primary stream is kept but does not clobber the primary's view.
+    assert reg.apply_snapshot("r/x", "/s1", devs("old:U")).applied is False
+    assert reg.healthy_ids("r/x") == {"n1", "n2"}
+    reg.plugin_disconnected("r/x", "/s2", 2)
+    assert reg.resources["r/x"].unhealthy == {"old"} and reg.healthy_ids("r/x") == set()
+
+
+def test_last_endpoint_disconnect_marks_unhealthy() -> None:
+    """§6.1 item 29."""
+    reg = DeviceRegistry(GRACE)
+    endpoint = reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
+    reg.plugin_disconnected("r/x", "/s", 3)
+    assert reg.resources["r/x"].endpoints == {}
+    assert endpoint.stop_time == 3
+    assert counts(reg, "r/x", 4) == (2, 0)
+
+
+def test_reregistration_sequence() -> None:
+    """§6.1 item 4 at the core level: 2 → 2 → 1 as plugins take over on new sockets."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/p1", OPTS, 0)
+    reg.apply_snapshot("r/x", "/p1", devs("Dev1:H", "Dev2:H"))
+    assert counts(reg, "r/x") == (2, 2)
+    reg.plugin_connected("r/x", "/p2", OPTS, 1)
+    reg.apply_snapshot("r/x", "/p2", devs("Dev1:H", "Dev2:H"))
+    assert counts(reg, "r/x") == (2, 2)
+    reg.plugin_connected("r/x", "/p3", OPTS, 2)
+    reg.apply_snapshot("r/x", "/p3", devs("Dev3:H"))
+    assert counts(reg, "r/x") == (1, 1)
+
+
+def test_reconnect_on_same_socket_keeps_devices() -> None:
+    reg = DeviceRegistry(GRACE)
+    old = reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H"))
+    new = reg.plugin_reconnected("r/x", "/s", PluginOptions(pre_start_required=True), 1)
+    assert old.is_stopped and not new.is_stopped and reg.primary_endpoint("r/x") is new
+    assert counts(reg, "r/x") == (1, 1)
+
+
+def test_restore_reports_zero_until_plugin_returns() -> None:
+    reg = DeviceRegistry(GRACE)
+    reg.restore(["r/x", "r/y"], now=100)
+    assert counts(reg, "r/x", 100) == (0, 0) and counts(reg, "r/y", 100) == (0, 0)
+    reg.plugin_connected("r/x", "/s", OPTS, 101)
+    reg.apply_snapshot("r/x", "/s", devs("a:H"))
+    result = reg.sweep(100 + GRACE + 1)
+    assert result.deleted == ("r/y",)
+    assert result.capacity == {"r/x": 1}
+
+
+def test_health_transitions_and_new_devices() -> None:
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    first = reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
+    assert first.health_changed == ("a", "b") and first.transitions == ()
+    same = reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
+    assert same.health_changed == () and same.transitions == ()
+    flip = reg.apply_snapshot("r/x", "/s", devs("a:U", "b:H", "c:H"))
+    assert flip.health_changed == ("a", "c") and flip.transitions == ("a",)
+
+
+def test_registered_healthy_for_checkpoint() -> None:
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("b:H", "a:H", "c:U"))
+    reg.plugin_connected("r/y", "/t", OPTS, 0)
+    reg.apply_snapshot("r/y", "/t", devs("z:U"))
+    assert reg.registered_healthy() == {"r/x": ["a", "b"], "r/y": []}
