@@ -1,0 +1,341 @@
+"""A real Kubernetes control plane for tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+
+All built from Go modules by `make k8s-bins` (tests/k8s/build.sh); every server listens on 127.0.0.1 only, on
+ports picked at run time. See shared/spec/k8s-test-env.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .pki import ClusterPKI
+from .procs import Proc, Procs, free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "tests" / "k8s" / "build.sh"
+CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+KWOK_NODE_LABEL = "deviceplane.io/kwok"  # kwok manages nodes carrying this label (=true)
+
+
+def bin_dir() -> Path:
+    """Where `make k8s-bins` puts (or put) the binaries for this checkout's pins."""
+    override = os.environ.get("DEVICEPLANE_K8S_BIN")
+    if override:
+        return Path(override)
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-bin-dir"], capture_output=True, text=True, check=True, timeout=60
+    )
+    return Path(out.stdout.strip())
+
+
+def missing_binaries(directory: Path, names: Sequence[str]) -> list[str]:
+    return [n for n in names if not os.access(directory / n, os.X_OK)]
+
+
+def versions(directory: Path) -> dict[str, str]:
+    """bin/VERSIONS as {name: rest of line}."""
+    try:
+        text = (directory / "VERSIONS").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        out[name] = rest
+    return out
+
+
+class KubectlError(RuntimeError):
+    def __init__(self, args: Sequence[str], returncode: int, stdout: str, stderr: str) -> None:
+        self.args_ = list(args)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        super().__init__(f"kubectl {' '.join(args)} exited {returncode}: {stderr.strip()}")
+
+
+def _has_default_route() -> bool:
+    try:
+        lines = Path("/proc/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    return any(line.split()[1] == "00000000" for line in lines if len(line.split()) > 1)
+
+
+@dataclass
+class Cluster:
+    bin: Path
+    workdir: Path
+    procs: Procs
+    pki: ClusterPKI | None = None
+    apiserver_port: int = 0
+    kubeconfig: Path = field(default=Path())
+    started: list[Proc] = field(default_factory=list)
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    # ---- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        w = self.workdir
+        w.mkdir(parents=True, exist_ok=True)
+        self.pki = pki = ClusterPKI.create(w / "pki")
+
+        etcd_client, etcd_peer = free_port(), free_port()
+        etcd = self.procs.start(
+            "etcd",
+            [
+                str(self.bin / "etcd"),
+                "--name=default",
+                f"--data-dir={w / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--advertise-client-urls=http://127.0.0.1:{etcd_client}",
+                f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+                f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self.started.append(etcd)
+        wait_for("etcd /health", lambda: _http_ok(f"http://127.0.0.1:{etcd_client}/health"), procs=[etcd], timeout=60)
+
+        self.apiserver_port = free_port()
+        args = [
+            str(self.bin / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_client}",
+            f"--cert-dir={w / 'apiserver-certs'}",
+            f"--tls-cert-file={pki.serving_crt}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.client_ca_crt}",
+            f"--secure-port={self.apiserver_port}",
+            "--bind-address=127.0.0.1",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--disable-admission-plugins=ServiceAccount",
+            "--authorization-mode=RBAC",
+            f"--service-account-issuer=https://127.0.0.1:{self.apiserver_port}/",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            "--enable-priority-and-fairness=false",
+            "--profiling=false",
+            "--endpoint-reconciler-type=none",
+            "--v=1",
+        ]
+        if not _has_default_route():
+            # The apiserver derives its advertise address from the default-route interface and rejects loopback.
+            # Nothing connects to it here; it only fills the `kubernetes` Service's endpoints.
+            args.append("--advertise-address=10.255.255.1")
+        apiserver = self.procs.start("kube-apiserver", args)
+        self.started.append(apiserver)
+        self.kubeconfig = pki.kubeconfig(self.server, "admin", ("system:masters",), path=w / "admin.kubeconfig")
+        wait_for(
+            "kube-apiserver /readyz", lambda: self.get_raw("/readyz") == "ok", procs=[etcd, apiserver], timeout=120
+        )
+
+        cm = self.procs.start(
+            "kube-controller-manager",
+            [
+                str(self.bin / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--secure-port=0",
+                "--leader-elect=false",
+                f"--root-ca-file={pki.ca_crt}",
+                f"--service-account-private-key-file={pki.sa_key}",
+                "--controllers=daemonset-controller,garbage-collector-controller,namespace-controller,"
+                "serviceaccount-controller,serviceaccount-token-controller",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+        )
+        self.started.append(cm)
+        sched_port = free_port()
+        sched = self.procs.start(
+            "kube-scheduler",
+            [
+                str(self.bin / "kube-scheduler"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={sched_port}",
+                "--v=1",
+            ],
+        )
+        self.started.append(sched)
+        kwok = self.procs.start(
+            "kwok",
+            [
+                str(self.bin / "kwok"),
+                f"--kubeconfig={self.kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-label-selector={KWOK_NODE_LABEL}=true",
+                "--node-ip=127.0.0.1",
+                "--node-lease-duration-seconds=40",
+                "--server-address=",
+                "--cidr=10.0.0.1/24",
+            ],
+        )
+        self.started.append(kwok)
+        # The default ServiceAccount shows up once the serviceaccount controller runs: proof the CM is up.
+        wait_for(
+            "the controller-manager to create the default ServiceAccount",
+            lambda: (
+                self.kubectl("get", "serviceaccount", "default", "-n", "default", "-o", "name", check=False)
+                .strip()
+                .endswith("default")
+            ),
+            procs=self.started,
+            timeout=90,
+        )
+
+    def stop(self) -> None:
+        for proc in reversed(self.started):
+            self.procs.stop(proc)
+        self.started.clear()
+
+    def check_alive(self) -> None:
+        for p in self.started:
+            p.check_alive()
+
+    # ---- API access -------------------------------------------------------------------------------------------
+
+    def _ssl(self) -> ssl.SSLContext:
+        assert self.pki is not None
+        ctx = ssl.create_default_context(cafile=str(self.pki.ca_crt))
+        crt, key = getattr(self, "_admin_files", (None, None))
+        if crt is None:
+            crt, key = self.pki.user("admin-direct", ("system:masters",))
+            self._admin_files = (crt, key)
+        ctx.load_cert_chain(str(crt), str(key))
+        return ctx
+
+    def get_raw(self, path: str) -> str:
+        try:
+            with urllib.request.urlopen(self.server + path, context=self._ssl(), timeout=5) as resp:
+                return str(resp.read().decode())
+        except urllib.error.HTTPError as exc:
+            return f"HTTP {exc.code}: {exc.read().decode(errors='replace')}"
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+        timeout: float = 60,
+    ) -> str:
+        """Run the built kubectl with the admin kubeconfig; return stdout, raise KubectlError on failure."""
+        cmd = [str(self.bin / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
+        res = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise KubectlError(args, res.returncode, res.stdout, res.stderr)
+        return res.stdout
+
+    def kubectl_result(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=60)
+
+    def apply(self, obj: Mapping[str, Any] | Sequence[Mapping[str, Any]] | str) -> str:
+        text = obj if isinstance(obj, str) else _to_yaml(obj)
+        return self.kubectl("apply", "-f", "-", input=text)
+
+    def get_json(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    # ---- kwok nodes -------------------------------------------------------------------------------------------
+
+    def create_node(
+        self,
+        name: str,
+        *,
+        labels: Mapping[str, str] | None = None,
+        capacity: Mapping[str, str | int] | None = None,
+        allocatable: Mapping[str, str | int] | None = None,
+        annotations: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
+    ) -> None:
+        """Create a Node kwok keeps Ready, with the given labels and capacity (extended resources included)."""
+        cap = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        cap.update({k: str(v) for k, v in (capacity or {}).items()})
+        alloc = dict(cap)
+        alloc.update({k: str(v) for k, v in (allocatable or {}).items()})
+        node = {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    KWOK_NODE_LABEL: "true",
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    **(labels or {}),
+                },
+                "annotations": {"node.alpha.kubernetes.io/ttl": "0", **(annotations or {})},
+            },
+            "spec": {"taints": list(taints)},
+            "status": {"capacity": cap, "allocatable": alloc},
+        }
+        self.kubectl("create", "-f", "-", input=json.dumps(node))
+        # Status sent on create is kept for Nodes, but make it explicit (and idempotent) through the subresource.
+        self.kubectl(
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            json.dumps({"status": {"capacity": cap, "allocatable": alloc}}),
+        )
+
+    def node_ready(self, name: str) -> bool:
+        node = self.get_json("node", name)
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", []))
+
+    def wait_nodes_ready(self, names: Sequence[str], timeout: float = 60) -> None:
+        wait_for(
+            f"nodes {list(names)} Ready (kwok)",
+            lambda: all(self.node_ready(n) for n in names),
+            procs=self.started,
+            timeout=timeout,
+        )
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _to_yaml(obj: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> str:
+    if isinstance(obj, Mapping):
+        return yaml.safe_dump(dict(obj), sort_keys=False)
+    return yaml.safe_dump_all([dict(o) for o in obj], sort_keys=False)
+
+
+def http_json(url: str, *, method: str = "GET", body: Any = None, timeout: float = 10) -> Any:
+    """GET/POST JSON over plain HTTP (local test servers); raises urllib.error.HTTPError on >= 400."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read().decode() or "null")

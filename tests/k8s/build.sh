@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes test environment from Go modules (see
+# shared/spec/k8s-test-env.md): kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubectl, etcd, kwok, the upstream sample-device-plugin,
+# squat/generic-device-plugin (when its pin resolves) and our kubelet
+# device-manager harness.
+#
+# Binaries go to ${DEVICEPLANE_K8S_CACHE:-~/.cache/deviceplane/k8s}/<k8s-version>-<key>/bin,
+# where <key> hashes the wrapper modules (go.mod, go.sum), their Go sources and
+# this script. A warm run (stamp present) only prints and exits.
+#
+#   bash tests/k8s/build.sh                 build or reuse
+#   bash tests/k8s/build.sh --print-bin-dir print the bin dir for this checkout (no build)
+#   bash tests/k8s/build.sh --force         rebuild even if the stamp exists
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache_root=${DEVICEPLANE_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/deviceplane/k8s}
+
+die() { echo "k8s-bins: ERROR: $*" >&2; exit 1; }
+
+modver() { # modver <go.mod> <module path> -> version required there
+  awk -v m="$2" '$1==m && $2 ~ /^v/ {print $2; exit} $1=="require" && $2==m {print $3; exit}' "$1"
+}
+
+k8s_version=$(modver "$here/go.mod" k8s.io/kubernetes)
+[ -n "$k8s_version" ] || die "cannot read the k8s.io/kubernetes version from $here/go.mod"
+etcd_version=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
+kwok_version=$(modver "$here/kwok/go.mod" sigs.k8s.io/kwok)
+gdp_version=""
+if [ -f "$here/gdp/go.mod" ]; then
+  gdp_version=$(modver "$here/gdp/go.mod" github.com/squat/generic-device-plugin)
+fi
+
+# Cache key: every input that changes what is built.
+key=$(cd "$here" && {
+  find . \( -name go.mod -o -name go.sum -o -name '*.go' -o -name '*.s' \) -type f | LC_ALL=C sort
+  echo ./build.sh
+} | while read -r f; do printf '%s\n' "$f"; cat "$f"; done | sha256sum | cut -c1-12)
+out="$cache_root/${k8s_version}-${key}"
+bin="$out/bin"
+
+force=0
+case "${1:-}" in
+  --print-bin-dir) echo "$bin"; exit 0 ;;
+  --force) force=1 ;;
+  "") ;;
+  *) die "unknown argument $1 (use --print-bin-dir or --force)" ;;
+esac
+
+if [ "$force" = 0 ] && [ -f "$out/stamp" ]; then
+  echo "k8s-bins: up to date: $bin (Kubernetes $k8s_version, key $key)"
+  exit 0
+fi
+
+command -v go >/dev/null || die "Go is not installed; install Go >= 1.26.0 (the e2e tests skip without these binaries)"
+export GOTOOLCHAIN=local CGO_ENABLED=0
+# -mod=readonly: build exactly the checked-in go.mod/go.sum (no silent upgrades).
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly -buildvcs=false"
+gov=$(go env GOVERSION)
+case "$gov" in
+  go1.2[6-9]*|go1.[3-9][0-9]*) ;;
+  *) die "Kubernetes $k8s_version needs Go >= 1.26.0, found $gov (GOTOOLCHAIN=local: no toolchain download)" ;;
+esac
+
+mkdir -p "$cache_root"
+exec 9>"$cache_root/.lock"
+flock 9 # one build at a time per cache
+if [ "$force" = 0 ] && [ -f "$out/stamp" ]; then
+  echo "k8s-bins: up to date (built by a concurrent run): $bin"; exit 0
+fi
+
+tmp="$out/bin.partial"
+rm -rf "$tmp"
+mkdir -p "$tmp"
+t_all=$(date +%s)
+step() { # step <name> <dir> <go build args...>
+  local name=$1 dir=$2; shift 2
+  local t0; t0=$(date +%s)
+  echo "k8s-bins: building $name ..."
+  if ! (cd "$dir" && go build -trimpath "$@"); then
+    die "building $name failed (in $dir: go build $*)"
+  fi
+  echo "k8s-bins: built $name in $(( $(date +%s) - t0 ))s"
+}
+
+minor=$(echo "$k8s_version" | cut -d. -f2)
+k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=${k8s_version} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
+
+step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness)" \
+  "$here" -tags=selinux,notest -ldflags "$k8s_ldflags" -o "$tmp/" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness
+step "etcd $etcd_version" "$here/etcd" -ldflags "-s -w" -o "$tmp/etcd" .
+step "kwok $kwok_version" "$here/kwok" \
+  -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s_version#v}" \
+  -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok
+if [ -n "$gdp_version" ]; then
+  step "generic-device-plugin $gdp_version" "$here/gdp" -ldflags "-s -w" -o "$tmp/generic-device-plugin" github.com/squat/generic-device-plugin
+fi
+
+# Smoke: every binary runs and reports the pinned version.
+"$tmp/kube-apiserver" --version | grep -qx "Kubernetes ${k8s_version}" || die "kube-apiserver --version is not ${k8s_version}: $("$tmp/kube-apiserver" --version)"
+"$tmp/etcd" --version | grep -q "etcd Version: ${etcd_version#v}" || die "etcd --version is not ${etcd_version}"
+"$tmp/kwok" --version >/dev/null 2>&1 || die "kwok --version failed"
+
+{
+  echo "kubernetes ${k8s_version}"
+  echo "etcd ${etcd_version}"
+  echo "kwok ${kwok_version}"
+  if [ -n "$gdp_version" ]; then
+    echo "generic-device-plugin ${gdp_version}"
+  else
+    echo "generic-device-plugin unavailable: no pin in tests/k8s/gdp/go.mod (the module proxy serves no resolvable version)"
+  fi
+  echo "sample-device-plugin k8s.io/kubernetes/test/images/sample-device-plugin@${k8s_version}"
+  echo "kubelet-harness deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@${k8s_version})"
+  echo "go ${gov}"
+  echo "key ${key}"
+} > "$tmp/VERSIONS"
+
+rm -rf "$bin"
+mv "$tmp" "$bin"
+date -u +%Y-%m-%dT%H:%M:%SZ > "$out/stamp"
+echo "k8s-bins: done in $(( $(date +%s) - t_all ))s -> $bin"
+sed 's/^/k8s-bins:   /' "$bin/VERSIONS"
