@@ -4,16 +4,25 @@ from __future__ import annotations
 
 from typing import Final
 
+# deviceplugin/v1beta1 constants.go
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"
 VERSION: Final = "v1beta1"
 SUPPORTED_VERSIONS: Final = ("v1beta1",)
+DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins/"  # hard-coded upstream, trailing slash included
 KUBELET_SOCKET_NAME: Final = "kubelet.sock"
+PRE_START_TIMEOUT_SECONDS: Final = 30.0
+
+# pkg/kubelet/cm/devicemanager
 CHECKPOINT_NAME: Final = "kubelet_internal_checkpoint"
+CHECKPOINT_TEMP_PREFIX: Final = "."  # checkpoint-store temp files; entries with it are not checkpoints
 NODE_WITHOUT_TOPOLOGY: Final = -1
 ENDPOINT_STOP_GRACE_PERIOD_SECONDS: Final = 300.0
 DIAL_TIMEOUT_SECONDS: Final = 10.0
-PRE_START_TIMEOUT_SECONDS: Final = 30.0
+
+# pkg/kubelet/pluginmanager (plugin watcher) and pluginregistration/v1
 GET_INFO_TIMEOUT_SECONDS: Final = 1.0
 NOTIFY_TIMEOUT_SECONDS: Final = 5.0
 PLUGIN_TYPE_DEVICE_PLUGIN: Final = "DevicePlugin"
+PLUGIN_TYPE_CSI: Final = "CSIPlugin"
+PLUGIN_TYPE_DRA: Final = "DRAPlugin"
