@@ -1,0 +1,172 @@
+"""Wires the agent together: registration server, plugin watcher, device manager, HTTP, and clean shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from deviceplane import __version__
+from deviceplane.agent.checkpoint_store import CheckpointStore
+from deviceplane.agent.http_api import build_app, serve
+from deviceplane.agent.manager import DeviceManager
+from deviceplane.agent.metrics import AgentMetrics
+from deviceplane.agent.plugin_watcher import PluginWatcher
+from deviceplane.agent.registration import RegistrationServicer, cleanup_plugin_dir
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.models import AgentView
+from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_SOCKET_NAME
+from deviceplane.core.names import is_extended_resource_name
+from deviceplane.core.view import devices_status, rfc3339
+
+log = logging.getLogger("deviceplane.agent")
+
+SWEEP_INTERVAL_SECONDS = 1.0
+# Bound for hostile registrations: the counter keeps one series for all invalid names.
+INVALID_RESOURCE_LABEL = "<invalid>"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    plugin_dir: Path
+    pod_resources_socket: Path
+    node_name: str
+    grace_period: float
+    http_addr: str
+    plugins_registry_dir: Path | None = None
+    pod_manifest_dir: Path | None = None
+    topology_policy: str = "none"
+    numa_nodes: int | None = None
+    standalone: bool = True
+    kubeconfig: Path | None = None
+    dial_timeout: float = DIAL_TIMEOUT_SECONDS
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.store = CheckpointStore(config.plugin_dir)
+        self.manager = DeviceManager(self.store, config.grace_period, config.dial_timeout)
+        self.metrics = AgentMetrics(self.manager, config.node_name)
+        self._grpc: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ready = False
+        self.registration_socket = config.plugin_dir / KUBELET_SOCKET_NAME
+
+    # -- views ------------------------------------------------------------------------------------------------------
+
+    def devices_json(self, request: web.Request | None = None) -> Any:
+        query = request.query if request is not None else {}
+        limit = int(query["limit"]) if "limit" in query else None
+        wanted = query.get("resource")
+        status = devices_status(
+            self.manager.registry,
+            self.manager.sweep(),
+            AgentView(version=__version__, node=self.config.node_name, lastHeartbeatTime=rfc3339(time.time())),
+            device_limit=limit,
+            resource_filter=(lambda name: name == wanted) if wanted else None,
+        )
+        return status.model_dump(mode="json")
+
+    def pods_json(self, _request: web.Request | None = None) -> Any:
+        return []
+
+    def _health(self) -> str | None:
+        if self._grpc is None or not self.registration_socket.exists():
+            return "device plugin registration gRPC server failed and no device plugins can register"
+        return None
+
+    def _readiness(self) -> str | None:
+        return self._health() if self._ready else "starting"
+
+    def _count_attempt(self, resource: str) -> None:
+        label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
+        self.metrics.registration_total.labels(label).inc()
+
+    # -- lifecycle --------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        plugin_dir = self.config.plugin_dir
+        plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        restored = self.manager.restore()
+        if restored is not None:
+            log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices or {})})
+        removed = cleanup_plugin_dir(plugin_dir)
+        if removed:
+            log.info("removed stale sockets", extra={"sockets": removed})
+
+        server = grpc.aio.server()
+        pb_grpc.add_RegistrationServicer_to_server(
+            RegistrationServicer(self.manager, plugin_dir, self._count_attempt), server
+        )
+        server.add_insecure_port(f"unix://{self.registration_socket}")
+        await server.start()
+        self._grpc = server
+
+        app = build_app(self.devices_json, self.pods_json, self.metrics.registry, self._health, self._readiness)
+        self._http = await serve(app, self.config.http_addr)
+        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="capacity-sweep"))
+        if self.config.plugins_registry_dir is not None:
+            watcher = PluginWatcher(self.config.plugins_registry_dir, self.manager, self.config.dial_timeout)
+            watching = asyncio.Event()
+            self._tasks.append(asyncio.create_task(watcher.run(watching), name="plugin-watcher"))
+            await watching.wait()
+        self._ready = True
+        log.info(
+            "agent started",
+            extra={"socket": str(self.registration_socket), "http": self.config.http_addr, "pid": os.getpid()},
+        )
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
+            self.manager.sweep()
+
+    async def stop(self) -> None:
+        self._ready = False
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1)
+            self._grpc = None
+        await self.manager.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        with contextlib.suppress(FileNotFoundError):
+            self.registration_socket.unlink()
+        log.info("agent stopped")
+
+
+async def run_agent(config: AgentConfig) -> int:
+    agent = Agent(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.start()
+    except OSError as err:
+        log.error("agent failed to start: %s", err)
+        await agent.stop()
+        return 1
+    await stop.wait()
+    await agent.stop()
+    return 0
+
+
+def default_node_name() -> str:
+    return os.environ.get("NODE_NAME") or socket.gethostname()

@@ -1,0 +1,92 @@
+"""`deviceplane agent` flags (DESIGN, agent contract)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from pathlib import Path
+
+from deviceplane import logs
+
+TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+
+
+def duration(text: str) -> float:
+    """`300`, `300s`, `5m`, `1h30m` → seconds."""
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 300s, 5m, 1h30m)")
+    scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+def http_address(text: str) -> str:
+    _host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"invalid address {text!r}: expected HOST:PORT")
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--plugin-dir",
+        type=Path,
+        default=Path("/var/lib/deviceplane/device-plugins"),
+        help="registration socket kubelet.sock and the checkpoint live here",
+    )
+    parser.add_argument(
+        "--pod-resources-socket", type=Path, default=Path("/var/lib/deviceplane/pod-resources/kubelet.sock")
+    )
+    parser.add_argument("--pod-manifest-dir", type=Path, default=None, help="static pods, one Pod per file")
+    parser.add_argument("--node-name", default=None, help="[hostname, or $NODE_NAME]")
+    parser.add_argument("--kubeconfig", type=Path, default=None)
+    parser.add_argument("--standalone", action="store_true", help="no API server: nothing is published")
+    parser.add_argument("--topology-policy", choices=TOPOLOGY_POLICIES, default="none")
+    parser.add_argument("--numa-nodes", type=int, default=None, help="[read from /sys/devices/system/node]")
+    parser.add_argument(
+        "--grace-period",
+        type=duration,
+        default=300.0,
+        help="how long a disconnected plugin's resource stays before it is deleted [300s]",
+    )
+    parser.add_argument("--http-addr", type=http_address, default="127.0.0.1:9450")
+    parser.add_argument(
+        "--plugins-registry-dir",
+        type=Path,
+        default=None,
+        help="also accept plugin-watcher registrations (sockets created in this directory)",
+    )
+    parser.add_argument(
+        "--plugin-dial-timeout",
+        type=duration,
+        default=10.0,
+        help="dial + GetDevicePluginOptions deadline during registration [10s, as the kubelet]",
+    )
+    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument("--log-format", default="json", choices=("json", "text"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from deviceplane.agent.app import AgentConfig, default_node_name, run_agent
+
+    logs.setup(args.log_level, args.log_format == "json")
+    if args.numa_nodes is not None and args.numa_nodes < 1:
+        raise SystemExit("deviceplane agent: --numa-nodes must be at least 1")
+    config = AgentConfig(
+        plugin_dir=args.plugin_dir.absolute(),
+        pod_resources_socket=args.pod_resources_socket.absolute(),
+        node_name=args.node_name or default_node_name(),
+        grace_period=args.grace_period,
+        http_addr=args.http_addr,
+        plugins_registry_dir=args.plugins_registry_dir.absolute() if args.plugins_registry_dir else None,
+        pod_manifest_dir=args.pod_manifest_dir,
+        topology_policy=args.topology_policy,
+        numa_nodes=args.numa_nodes,
+        standalone=args.standalone or args.kubeconfig is None,
+        kubeconfig=args.kubeconfig,
+        dial_timeout=args.plugin_dial_timeout,
+    )
+    return asyncio.run(run_agent(config))

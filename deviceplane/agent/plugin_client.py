@@ -1,0 +1,114 @@
+"""One gRPC connection to a device plugin's socket (the kubelet's endpoint.go + client.go)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.core.registry import Device, PluginOptions
+
+log = logging.getLogger("deviceplane.agent.plugin")
+
+SnapshotCallback = Callable[[Sequence[Device]], None]
+StreamEndCallback = Callable[[str], Awaitable[None]]
+
+
+def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
+    return [
+        Device(d.ID, d.health, tuple(n.ID for n in d.topology.nodes) if d.HasField("topology") else ()) for d in devices
+    ]
+
+
+class PluginDialError(Exception):
+    pass
+
+
+class PluginClient:
+    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs."""
+
+    def __init__(self, resource: str, socket_path: str) -> None:
+        self.resource = resource
+        self.socket_path = socket_path
+        # authority "localhost" as the kubelet's dialer; no proxies for unix sockets.
+        self._channel = grpc.aio.insecure_channel(
+            f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]
+        )
+        self._stub = pb_grpc.DevicePluginStub(self._channel)
+        self._stream_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def connect(self, timeout: float) -> PluginOptions:
+        """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions.
+
+        The options the plugin sent in RegisterRequest are ignored, as upstream: the plugin is asked.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            await asyncio.wait_for(self._channel.channel_ready(), timeout)
+        except (TimeoutError, grpc.aio.AioRpcError) as err:
+            raise PluginDialError(
+                f"failed to dial device plugin: context deadline exceeded ({self.socket_path})"
+            ) from err
+        try:
+            remaining = max(deadline - loop.time(), 0.001)
+            options = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=remaining)
+        except grpc.aio.AioRpcError as err:
+            raise PluginDialError(f"failed to get device plugin options: {err.details() or err.code().name}") from err
+        return PluginOptions(options.pre_start_required, options.get_preferred_allocation_available)
+
+    def start_stream(self, on_snapshot: SnapshotCallback, on_end: StreamEndCallback) -> None:
+        self._stream_task = asyncio.create_task(
+            self._run_stream(on_snapshot, on_end), name=f"list-and-watch {self.resource} {self.socket_path}"
+        )
+
+    async def _run_stream(self, on_snapshot: SnapshotCallback, on_end: StreamEndCallback) -> None:
+        reason = "stream ended"
+        try:
+            # No deadline, as upstream: the stream lives as long as the plugin does.
+            async for response in self._stub.ListAndWatch(pb.Empty()):
+                on_snapshot(devices_from_proto(response.devices))
+        except grpc.aio.AioRpcError as err:
+            reason = f"ListAndWatch ended: {err.code().name}: {err.details()}"
+        except asyncio.CancelledError:
+            reason = "agent stopping"
+            raise
+        except Exception as err:  # a bug in a callback must not leave the plugin half-connected
+            log.exception("ListAndWatch handling failed", extra={"resource": self.resource})
+            reason = f"ListAndWatch handling failed: {err}"
+        finally:
+            if not self._closed:
+                await on_end(reason)
+
+    async def allocate(self, device_ids: Sequence[str], timeout: float | None) -> pb.AllocateResponse:
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
+        return await self._stub.Allocate(request, timeout=timeout)
+
+    async def get_preferred_allocation(
+        self, available: Sequence[str], must_include: Sequence[str], size: int, timeout: float | None
+    ) -> pb.PreferredAllocationResponse:
+        request = pb.PreferredAllocationRequest(
+            container_requests=[
+                pb.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=list(available), must_include_deviceIDs=list(must_include), allocation_size=size
+                )
+            ]
+        )
+        return await self._stub.GetPreferredAllocation(request, timeout=timeout)
+
+    async def pre_start_container(self, device_ids: Sequence[str], timeout: float) -> None:
+        await self._stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=timeout)
+
+    async def close(self) -> None:
+        """Stop the stream (without reporting it as a disconnect) and close the channel."""
+        self._closed = True
+        task, self._stream_task = self._stream_task, None
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._channel.close(None)

@@ -1,0 +1,91 @@
+"""The v1beta1.Registration service on `<plugin-dir>/kubelet.sock` (spec §4.2)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from deviceplane.agent.manager import DeviceManager, RegistrationError
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.core.constants import CHECKPOINT_NAME, SUPPORTED_VERSIONS
+from deviceplane.core.names import (
+    invalid_resource_name_error,
+    is_extended_resource_name,
+    unsupported_version_error,
+    validate_endpoint_name,
+)
+
+log = logging.getLogger("deviceplane.agent.registration")
+
+
+def resolve_endpoint(plugin_dir: Path, endpoint: str) -> str:
+    """The socket path a RegisterRequest names, or RegistrationError.
+
+    Stricter than the kubelet, which joins whatever it is given to the directory: the endpoint must be a plain file
+    name of a unix socket that is really inside the plugin directory (no `..`, no absolute path, no symlink out).
+    """
+    problem = validate_endpoint_name(endpoint)
+    if problem is not None:
+        raise RegistrationError(problem)
+    path = plugin_dir / endpoint
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise RegistrationError(f'invalid endpoint "{endpoint}": no such socket in {plugin_dir}') from None
+    except OSError as err:
+        raise RegistrationError(f'invalid endpoint "{endpoint}": {err.strerror}') from None
+    if stat.S_ISLNK(info.st_mode):
+        real = Path(os.path.realpath(path))
+        if real.parent != Path(os.path.realpath(plugin_dir)):
+            raise RegistrationError(f'invalid endpoint "{endpoint}": symlink leads outside {plugin_dir}')
+        info = os.stat(real)
+    if not stat.S_ISSOCK(info.st_mode):
+        raise RegistrationError(f'invalid endpoint "{endpoint}": not a unix socket')
+    return str(path)
+
+
+class RegistrationServicer(pb_grpc.RegistrationServicer):
+    def __init__(self, manager: DeviceManager, plugin_dir: Path, on_attempt: Callable[[str], None]) -> None:
+        self._manager = manager
+        self._plugin_dir = plugin_dir
+        self._on_attempt = on_attempt
+
+    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+        # Counted before validation, as upstream: rejected attempts show up too.
+        self._on_attempt(request.resource_name)
+        try:
+            if request.version not in SUPPORTED_VERSIONS:
+                raise RegistrationError(unsupported_version_error(request.version))
+            if not is_extended_resource_name(request.resource_name):
+                raise RegistrationError(invalid_resource_name_error(request.resource_name))
+            socket_path = resolve_endpoint(self._plugin_dir, request.endpoint)
+            await self._manager.register(request.resource_name, socket_path)
+        except RegistrationError as err:
+            log.warning(
+                "registration rejected",
+                extra={"resource": request.resource_name, "endpoint": request.endpoint, "error": str(err)},
+            )
+            # Upstream returns plain Go errors, which reach the plugin as status Unknown with the message.
+            await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        return pb.Empty()
+
+
+def cleanup_plugin_dir(plugin_dir: Path) -> list[str]:
+    """Remove stale sockets at start, keeping the checkpoint, directories and other files (CleanupPluginDirectory)."""
+    removed: list[str] = []
+    for entry in plugin_dir.iterdir():
+        if entry.name == CHECKPOINT_NAME:
+            continue
+        try:
+            if stat.S_ISSOCK(entry.lstat().st_mode):
+                entry.unlink()
+                removed.append(entry.name)
+        except OSError as err:
+            log.warning("could not remove stale socket %s: %s", entry, err)
+    return removed

@@ -1,0 +1,76 @@
+"""Build the devices view (`/api/v1/devices`, NodeDevices.status) from the registry: pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+
+from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
+from deviceplane.core.constants import HEALTHY, UNHEALTHY
+from deviceplane.core.registry import Capacity, DeviceRegistry, ResourceState
+
+# Who holds a device: (resource, device id) -> holder. Empty until allocation fills it.
+Holders = Mapping[tuple[str, str], AllocatedTo]
+
+
+def rfc3339(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _plugin_view(state: ResourceState) -> PluginView:
+    endpoint = state.primary
+    options = endpoint.options if endpoint is not None else None
+    return PluginView(
+        endpoint=endpoint.socket_path if endpoint is not None else None,
+        connected=state.connected,
+        preStartRequired=bool(options and options.pre_start_required),
+        getPreferredAllocationAvailable=bool(options and options.get_preferred_allocation_available),
+        registeredAt=rfc3339(endpoint.registered_at) if endpoint is not None and endpoint.socket_path else None,
+    )
+
+
+def resource_view(
+    state: ResourceState, capacity: Capacity, holders: Holders, device_limit: int | None = None
+) -> ResourceView:
+    ids = sorted(state.all_devices)
+    shown = ids if device_limit is None else ids[:device_limit]
+    devices = []
+    for device_id in shown:
+        device = state.all_devices[device_id]
+        devices.append(
+            DeviceView(
+                id=device_id,
+                # Effective health: a disconnected plugin's devices are unhealthy (they cannot be allocated).
+                health=HEALTHY if device_id in state.healthy else UNHEALTHY,
+                numaNodes=list(device.numa_nodes),
+                allocatedTo=holders.get((state.name, device_id)),
+            )
+        )
+    return ResourceView(
+        name=state.name,
+        capacity=capacity.capacity.get(state.name, 0),
+        allocatable=capacity.allocatable.get(state.name, 0),
+        healthy=len(state.healthy),
+        unhealthy=len(state.unhealthy),
+        allocated=sum(1 for (resource, _id) in holders if resource == state.name),
+        plugin=_plugin_view(state),
+        devices=devices,
+        devicesTruncated=len(shown) < len(ids),
+    )
+
+
+def devices_status(
+    registry: DeviceRegistry,
+    capacity: Capacity,
+    agent: AgentView,
+    holders: Holders | None = None,
+    device_limit: int | None = None,
+    resource_filter: Callable[[str], bool] | None = None,
+) -> DevicesStatus:
+    holders = holders or {}
+    resources = [
+        resource_view(state, capacity, holders, device_limit)
+        for name, state in sorted(registry.resources.items())
+        if resource_filter is None or resource_filter(name)
+    ]
+    return DevicesStatus(resources=resources, agent=agent)

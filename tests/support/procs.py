@@ -1,0 +1,172 @@
+"""Real processes for integration tests: the agent and the stdin-steered test plugin."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> T:
+    """Poll `check` until it returns a truthy value; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except (OSError, urllib.error.URLError, ValueError) as err:
+            last = err
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    return env
+
+
+class AgentProcess:
+    def __init__(self, workdir: Path, *extra: str, plugin_dir: Path | None = None) -> None:
+        self.workdir = workdir
+        self.plugin_dir = plugin_dir or workdir / "device-plugins"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra = extra
+        self.log_path = workdir / f"agent-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, wait: bool = True) -> AgentProcess:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "deviceplane", "agent", "--standalone",
+            "--plugin-dir", str(self.plugin_dir),
+            "--pod-resources-socket", str(self.workdir / "pod-resources" / "kubelet.sock"),
+            "--http-addr", f"127.0.0.1:{self.port}",
+            "--node-name", "test-node",
+            *self.extra,
+        ]  # fmt: skip
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=child_env(), start_new_session=True)
+        if wait:
+            wait_for(lambda: self.get_text("/readyz") == "ok", timeout=20, what=f"agent ready ({self.log_path})")
+        return self
+
+    def get_text(self, path: str) -> str:
+        with urllib.request.urlopen(self.url + path, timeout=5) as response:
+            return str(response.read().decode())
+
+    def get(self, path: str) -> Any:
+        return json.loads(self.get_text(path))
+
+    def resources(self) -> dict[str, dict[str, Any]]:
+        return {r["name"]: r for r in self.get("/api/v1/devices")["resources"]}
+
+    def resource(self, name: str) -> dict[str, Any] | None:
+        return self.resources().get(name)
+
+    def counts(self, name: str) -> tuple[int, int] | None:
+        r = self.resource(name)
+        return None if r is None else (r["capacity"], r["allocatable"])
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        for line in self.get_text("/metrics").splitlines():
+            if line.startswith("#") or not line.startswith(name):
+                continue
+            series, _, value = line.rpartition(" ")
+            if series.split("{")[0] != name:
+                continue
+            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                return float(value)
+        return None
+
+    def open_fds(self) -> int:
+        assert self.proc is not None
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
+class TestPlugin:
+    """tests/support/testplugin.py as a process; `send` is one command/answer round trip."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, plugin_dir: Path, socket_name: str, devices: list[list[Any]] | None = None, *flags: str):
+        cmd = [
+            sys.executable, "-m", "tests.support.testplugin",
+            "--plugin-dir", str(plugin_dir), "--socket", socket_name, "--devices", json.dumps(devices or []),
+            *flags,
+        ]  # fmt: skip
+        self.socket_name = socket_name
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env(), cwd=ROOT, start_new_session=True
+        )
+        hello = self._read()
+        assert hello.get("ok"), hello
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"test plugin exited ({self.proc.wait()})")
+        return dict(json.loads(line))
+
+    def send(self, **command: Any) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(command) + "\n").encode())
+        self.proc.stdin.flush()
+        return self._read()
+
+    def register(self, resource: str, **kw: Any) -> dict[str, Any]:
+        return self.send(cmd="register", resource=resource, **kw)
+
+    def devices(self, devices: list[list[Any]]) -> None:
+        assert self.send(cmd="devices", devices=devices)["ok"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
