@@ -1,0 +1,130 @@
+"""Admitting one pod as the kubelet does (spec §4.7.1-4.7.2, §4.10 pre-start, §4.12), as a pure step machine.
+
+`admit_pod` is a generator: it yields the plugin RPCs it needs (`PreferredCall`, `AllocateCall`) and is sent their
+answers. Everything between two RPCs is synchronous, so choosing devices and reserving them is one atomic step even
+with many admissions interleaved on one event loop. The agent executes the RPCs; tests drive it with fake answers.
+If an RPC fails the driver closes the generator and calls `Allocator.release_pod`, so nothing is left held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.core.allocator import AllocationError, Allocator, AskPreferred, Chosen, ReusePool, check_restored
+from deviceplane.core.pod_devices import devices_per_numa, make_allocation
+from deviceplane.core.pods import Container, Pod
+from deviceplane.core.topology import TopologyHint, merge_hints, rejection_reason, resource_hints
+
+
+@dataclass(frozen=True, slots=True)
+class PreferredCall:
+    """GetPreferredAllocation for one container's resource; send back the preferred IDs (a set, maybe empty)."""
+
+    container: str
+    resource: str
+    request: AskPreferred
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateCall:
+    """Allocate for one container's resource; send back the ContainerAllocateResponse (container_responses[0])."""
+
+    container: str
+    resource: str
+    devices: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodOutcome:
+    restored: bool  # admitted before an agent restart: nothing was asked of any plugin
+    hints: dict[str, TopologyHint]  # the NUMA affinity each container was allocated with
+
+
+Step = PreferredCall | AllocateCall
+PodAdmission = Generator[Step, object, PodOutcome]
+
+
+def container_affinity(
+    allocator: Allocator, pod: Pod, container: Container, reuse: ReusePool, policy: str, numa: Sequence[int]
+) -> TopologyHint:
+    """The topology manager's decision for one container, from the device manager's hints (spec §4.12)."""
+    hints: dict[str, list[TopologyHint] | None] = {}
+    for resource, count in container.limits:
+        if count == 0 or not allocator.is_device_plugin_resource(resource):
+            continue
+        already = allocator.pod_devices.container_devices(pod.uid, container.name, resource)
+        hints[resource] = resource_hints(
+            allocator.resource_devices(resource), count, already, reuse.get(resource), numa
+        )
+    decision = merge_hints(policy, numa, hints)
+    if not decision.admit:
+        raise AllocationError(rejection_reason(policy, container.name, hints), "topology")
+    return decision.hint
+
+
+def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequence[int] = ()) -> PodAdmission:
+    """Init containers, then app containers; one Allocate per container per resource (spec §4.7.1-4.7.2)."""
+    containers = [(c.name, c.limit_map) for c in pod.all_containers]
+    if check_restored(allocator.pod_devices, pod.uid, containers):
+        return PodOutcome(restored=True, hints={})
+    reuse = ReusePool()
+    chosen_hints: dict[str, TopologyHint] = {}
+    for container in pod.all_containers:
+        hint = container_affinity(allocator, pod, container, reuse, policy, numa)
+        chosen_hints[container.name] = hint
+        for resource, count in container.limits:
+            if not allocator.is_device_plugin_resource(resource):
+                continue
+            args = (pod.uid, container.name, resource, count, reuse.get(resource), hint.affinity)
+            decision = allocator.devices_to_allocate(*args)
+            if isinstance(decision, AskPreferred):
+                answer = yield PreferredCall(container.name, resource, decision)
+                assert isinstance(answer, (set, frozenset, list, tuple))
+                # Re-decided against the state after the await: the answer is used only where still free.
+                decision = allocator.devices_to_allocate(*args, preferred=frozenset(answer))
+            assert isinstance(decision, Chosen)
+            if not decision.devices:
+                continue
+            allocator.reserve(pod.uid, container.name, resource, decision.devices)
+            response = yield AllocateCall(container.name, resource, decision.devices)
+            assert isinstance(response, pb.ContainerAllocateResponse)
+            state = allocator.registry.resources.get(resource)
+            per_numa = devices_per_numa(decision.devices, state.all_devices if state is not None else {})
+            allocator.commit(make_allocation(pod.uid, container.name, resource, per_numa, response))
+        reuse.after_container(
+            allocator.pod_devices.container_allocations(pod.uid, container.name), container.init, container.restartable
+        )
+    return PodOutcome(restored=False, hints=chosen_hints)
+
+
+@dataclass(frozen=True, slots=True)
+class PreStartCall:
+    container: str
+    resource: str
+    devices: tuple[str, ...]
+
+
+def pre_start_calls(allocator: Allocator, pod: Pod) -> list[PreStartCall]:
+    """Spec §4.10 callPreStartContainerIfNeeded for every container and resource with a non-zero request whose
+    plugin asks for it; raises with upstream's message when the devices are not in the local cache."""
+    calls = []
+    for container in pod.all_containers:
+        for resource, count in container.limits:
+            if count == 0 or not allocator.is_device_plugin_resource(resource):
+                continue
+            endpoint = allocator.registry.primary_endpoint(resource)
+            if endpoint is None:
+                raise AllocationError(f"endpoint not found in cache for a registered resource: {resource}", "endpoint")
+            if endpoint.options is None or not endpoint.options.pre_start_required:
+                continue
+            devices = allocator.pod_devices.container_devices(pod.uid, container.name, resource)
+            if not devices:
+                raise AllocationError(
+                    f"no devices found allocated in local cache for pod {pod.uid}, container {container.name}, "
+                    f"resource {resource}",
+                    "pre_start",
+                )
+            calls.append(PreStartCall(container.name, resource, tuple(sorted(devices))))
+    return calls

@@ -1,0 +1,327 @@
+"""Choosing devices for a container: upstream `devicesToAllocate`, `filterByAffinity` and the init-container reuse
+pool (spec §4.7), pure.
+
+GetPreferredAllocation is an RPC in the middle of upstream's algorithm. Here the algorithm is a function of the
+current state and, optionally, the plugin's answer: called without an answer it either decides, or says which
+question to ask (`AskPreferred`); called again with the answer it re-runs every check against the state *as it is
+then* and uses the answer only where it is still free. The caller reserves the chosen devices in the same step
+(no await in between), so two admissions running concurrently can never pick the same device — the race upstream
+still has (kubernetes#137534).
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import re
+from collections import Counter
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
+from deviceplane.core.pod_devices import Allocation, PodDevices
+from deviceplane.core.registry import Device, DeviceRegistry
+from deviceplane.core.topology import ResourceDevices, mask_of
+
+
+class AllocationError(Exception):
+    """Admission of a container failed; `str()` is upstream's exact message, `kind` a short label for metrics."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class AskPreferred:
+    """Ask the plugin GetPreferredAllocation(available, must_include, size), then decide again with its answer."""
+
+    available: tuple[str, ...]
+    must_include: tuple[str, ...]
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Chosen:
+    """The devices to allocate; empty when nothing needs allocating (already held, or zero requested)."""
+
+    devices: tuple[str, ...]
+
+
+Decision = AskPreferred | Chosen
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def natural_key(device_id: str) -> tuple[tuple[int, int | str], ...]:
+    """dev-2 before dev-10: choices are deterministic (upstream's are random) and read naturally."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in _DIGITS.split(device_id) if part)
+
+
+def natural_sorted(ids: Iterable[str]) -> list[str]:
+    return sorted(ids, key=natural_key)
+
+
+def filter_by_affinity(
+    affinity: int | None, devices: Mapping[str, Device], available: Collection[str]
+) -> tuple[set[str], set[str], set[str]]:
+    """Upstream filterByAffinity (spec §4.7.4): (aligned, unaligned, without topology)."""
+    has_topology = any(device.numa_nodes for device in devices.values())
+    if not has_topology or affinity is None:
+        return set(), set(), set(available)
+    per_node: dict[int, list[str]] = {}
+    for device_id in available:
+        device = devices.get(device_id)
+        for node in device.numa_keys if device is not None else (NODE_WITHOUT_TOPOLOGY,):
+            per_node.setdefault(node, []).append(device_id)
+
+    def in_mask(node: int) -> bool:
+        return node >= 0 and bool(affinity & (1 << node))
+
+    ordered = sorted(
+        per_node,
+        # nodes in the affinity first, then other real nodes, then "no topology"; fewest devices first in each
+        key=lambda n: (0 if in_mask(n) else 1 if n != NODE_WITHOUT_TOPOLOGY else 2, len(per_node[n]), n),
+    )
+    aligned: set[str] = set()
+    unaligned: set[str] = set()
+    without: set[str] = set()
+    placed: set[str] = set()
+    for node in ordered:
+        for device_id in per_node[node]:
+            if device_id in placed:
+                continue
+            placed.add(device_id)
+            if in_mask(node):
+                aligned.add(device_id)
+            elif node == NODE_WITHOUT_TOPOLOGY:
+                without.add(device_id)
+            else:
+                unaligned.add(device_id)
+    return aligned, unaligned, without
+
+
+@dataclass(slots=True)
+class _Taker:
+    """Upstream's take(): walk candidates not yet chosen until `needed` reaches 0."""
+
+    needed: int
+    chosen: list[str] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+
+    def take(self, candidates: Collection[str]) -> bool:
+        if self.needed > 0:
+            fresh = [d for d in candidates if d not in self._seen]
+            for device_id in heapq.nsmallest(self.needed, fresh, key=natural_key):
+                self._seen.add(device_id)
+                self.chosen.append(device_id)
+                self.needed -= 1
+        return self.needed <= 0
+
+    @property
+    def taken(self) -> set[str]:
+        return set(self._seen)
+
+
+class Allocator:
+    """Devices held (`PodDevices`) plus devices reserved by admissions in flight, and the choice between them."""
+
+    def __init__(self, registry: DeviceRegistry, pod_devices: PodDevices) -> None:
+        self.registry = registry
+        self.pod_devices = pod_devices
+        self._reserved: dict[tuple[str, str, str], tuple[str, ...]] = {}
+        self._reserved_refs: dict[str, Counter[str]] = {}
+
+    # -- bookkeeping ------------------------------------------------------------------------------------------------
+
+    def is_device_plugin_resource(self, resource: str) -> bool:
+        """Upstream: a key of healthyDevices or of allocatedDevices."""
+        return resource in self.registry.resources or bool(self.pod_devices.allocated_count(resource))
+
+    def allocated(self, resource: str) -> set[str]:
+        """Held by a pod, or reserved by an admission in flight."""
+        held = self.pod_devices.allocated(resource)
+        reserved = self._reserved_refs.get(resource)
+        if reserved:
+            held.update(reserved)
+        return held
+
+    def reserve(self, pod_uid: str, container: str, resource: str, devices: Iterable[str]) -> None:
+        key = (pod_uid, container, resource)
+        self.unreserve(*key)
+        chosen = tuple(devices)
+        self._reserved[key] = chosen
+        self._reserved_refs.setdefault(resource, Counter()).update(chosen)
+
+    def unreserve(self, pod_uid: str, container: str, resource: str) -> None:
+        chosen = self._reserved.pop((pod_uid, container, resource), None)
+        if chosen is not None:
+            refs = self._reserved_refs[resource]
+            refs.subtract(chosen)
+            for device_id in chosen:
+                if refs[device_id] <= 0:
+                    del refs[device_id]
+
+    def commit(self, allocation: Allocation) -> None:
+        """The plugin accepted the allocation: the reservation becomes the container's entry."""
+        self.pod_devices.insert(allocation)
+        self.unreserve(allocation.pod_uid, allocation.container, allocation.resource)
+
+    def release_pod(self, pod_uid: str) -> list[Allocation]:
+        """Forget everything a pod holds or has reserved; returns the entries it held."""
+        for key in [k for k in self._reserved if k[0] == pod_uid]:
+            self.unreserve(*key)
+        return self.pod_devices.remove_pod(pod_uid)
+
+    def reserved(self) -> dict[tuple[str, str, str], tuple[str, ...]]:
+        return dict(self._reserved)
+
+    def resource_devices(self, resource: str) -> ResourceDevices:
+        state = self.registry.resources.get(resource)
+        devices = state.all_devices if state is not None else {}
+        healthy = state.healthy if state is not None else set()
+        return ResourceDevices(devices, healthy, self.allocated(resource))
+
+    # -- the algorithm ----------------------------------------------------------------------------------------------
+
+    def devices_to_allocate(
+        self,
+        pod_uid: str,
+        container: str,
+        resource: str,
+        required: int,
+        reusable: Collection[str] = (),
+        affinity: int | None = None,
+        preferred: Collection[str] | None = None,
+    ) -> Decision:
+        """Upstream devicesToAllocate (spec §4.7.3), check order and error strings exact.
+
+        `preferred` is the plugin's GetPreferredAllocation answer once asked (possibly empty); None means not asked
+        yet, and the answer is `AskPreferred` when the plugin offers the RPC and the algorithm needs it.
+        """
+        held = self.pod_devices.container_devices(pod_uid, container, resource)
+        needed = required
+        if held is not None:
+            needed = required - len(held)
+            if needed != 0:
+                raise AllocationError(
+                    f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" '
+                    f"from {len(held)} to {required}",
+                    "changed_request",
+                )
+        # Upstream step 2 (a container still running while sources are not ready) has no equivalent: restored pods
+        # are recognised before allocation (see agent.admission), so this is never asked for one.
+        state = self.registry.resources.get(resource)
+        if state is None:
+            raise AllocationError(f"cannot allocate unregistered device {resource}", "unregistered")
+        healthy = state.healthy
+        if not healthy:
+            raise AllocationError(
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}", "unhealthy"
+            )
+        if held is not None and not held <= healthy:
+            raise AllocationError(
+                f"previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}",
+                "unhealthy",
+            )
+        if needed == 0:
+            return Chosen(())
+
+        taker = _Taker(needed)
+        if taker.take(reusable):
+            return Chosen(tuple(taker.chosen))
+        allocated = self.allocated(resource)
+        available = {d for d in healthy if d not in allocated and d not in taker.taken}
+        if len(available) < taker.needed:
+            raise AllocationError(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {taker.needed}, Available: {len(available)}",
+                "unavailable",
+            )
+        aligned, unaligned, without = filter_by_affinity(affinity, state.all_devices, available)
+        offers_preferred = bool(
+            state.primary is not None
+            and state.primary.options is not None
+            and state.primary.options.get_preferred_allocation_available
+        )
+
+        def ask(pool: Collection[str]) -> AskPreferred | None:
+            if preferred is not None or not offers_preferred:
+                return None
+            must_include = natural_sorted(taker.taken)
+            return AskPreferred(tuple(natural_sorted(set(pool) | taker.taken)), tuple(must_include), required)
+
+        answer = set(preferred or ())
+        if taker.needed < len(aligned):
+            question = ask(aligned)
+            if question is not None:
+                return question
+            taker.take(answer & aligned)
+            taker.take(aligned)
+        else:
+            taker.take(aligned)
+            question = ask(available)
+            if question is not None:
+                return question
+            taker.take(answer & available)
+            taker.take(unaligned)
+            taker.take(without)
+        if taker.needed > 0:
+            raise AllocationError(
+                "unexpectedly allocated less resources than required. "
+                f"Requested: {required}, Got: {required - taker.needed}",
+                "unavailable",
+            )
+        return Chosen(tuple(taker.chosen))
+
+
+@dataclass(slots=True)
+class ReusePool:
+    """Upstream devicesToReuse for one pod (spec §4.7.1): a regular init container's devices can be taken again by
+    the containers after it; a restartable init container (sidecar) and app containers keep theirs."""
+
+    devices: dict[str, set[str]] = field(default_factory=dict)
+
+    def get(self, resource: str) -> set[str]:
+        return set(self.devices.get(resource, ()))
+
+    def after_container(self, allocations: Mapping[str, Allocation], init: bool, restartable: bool) -> None:
+        for resource, allocation in allocations.items():
+            pool = self.devices.setdefault(resource, set())
+            if init and not restartable:
+                pool |= allocation.device_ids
+            else:
+                pool -= allocation.device_ids
+
+
+def check_restored(pod_devices: PodDevices, pod_uid: str, containers: Iterable[tuple[str, Mapping[str, int]]]) -> bool:
+    """Whether a pod's checkpointed entries already cover every non-zero device request of every container: such
+    a pod was admitted before an agent restart, and keeps its devices without any RPC (the kubelet's
+    "container already running" case)."""
+    any_entry = False
+    for name, limits in containers:
+        for resource, count in limits.items():
+            if count == 0:
+                continue
+            held = pod_devices.container_devices(pod_uid, name, resource)
+            if held is None or len(held) != count:
+                return False
+            any_entry = True
+    return any_entry
+
+
+__all__ = [
+    "AllocationError",
+    "Allocator",
+    "AskPreferred",
+    "Chosen",
+    "Decision",
+    "ReusePool",
+    "check_restored",
+    "filter_by_affinity",
+    "mask_of",
+    "natural_key",
+    "natural_sorted",
+]

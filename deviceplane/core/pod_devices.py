@@ -1,0 +1,238 @@
+"""Which devices each pod's containers hold: upstream `podDevices` (spec §4.1, §4.9, §4.13, §6.3), pure.
+
+Kept indexed so that every question an admission asks is answered without walking all pods: the allocated set of a
+resource and the holders of a device are maintained incrementally. A device can appear in several entries of one pod
+(a regular init container's devices are reused by later containers), so the allocated index counts references.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.core.checkpoint import PodDevicesEntry
+from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
+from deviceplane.core.registry import Device
+from deviceplane.core.run_options import RunOptions, merge_run_options
+
+DevicesPerNuma = dict[int, tuple[str, ...]]
+
+
+def devices_per_numa(device_ids: Iterable[str], known: Mapping[str, Device]) -> DevicesPerNuma:
+    """Book each device under every NUMA node of its topology, or under -1 without one (spec §4.7.2)."""
+    out: dict[int, list[str]] = {}
+    for device_id in device_ids:
+        device = known.get(device_id)
+        keys = device.numa_keys if device is not None else (NODE_WITHOUT_TOPOLOGY,)
+        for numa in keys:
+            out.setdefault(numa, []).append(device_id)
+    return {numa: tuple(ids) for numa, ids in sorted(out.items())}
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """One container's devices of one resource, and the plugin's answer for them."""
+
+    pod_uid: str
+    container: str
+    resource: str
+    per_numa: DevicesPerNuma
+    response: pb.ContainerAllocateResponse
+    entry: PodDevicesEntry  # its checkpoint form, built once so a checkpoint snapshot is only a list copy
+
+    @property
+    def device_ids(self) -> frozenset[str]:
+        return frozenset(d for ids in self.per_numa.values() for d in ids)
+
+
+def make_allocation(
+    pod_uid: str, container: str, resource: str, per_numa: DevicesPerNuma, response: pb.ContainerAllocateResponse
+) -> Allocation:
+    entry = PodDevicesEntry(
+        PodUID=pod_uid,
+        ContainerName=container,
+        ResourceName=resource,
+        DeviceIDs={numa: list(ids) for numa, ids in per_numa.items()},
+        AllocResp=response.SerializeToString(deterministic=True),
+    )
+    return Allocation(pod_uid, container, resource, per_numa, response, entry)
+
+
+def allocation_from_entry(entry: PodDevicesEntry) -> Allocation | None:
+    """A checkpoint entry back to an allocation; None when its response does not parse (upstream skips those)."""
+    if entry.AllocResp is None:
+        return None
+    response = pb.ContainerAllocateResponse()
+    try:
+        response.ParseFromString(entry.AllocResp)
+    except DecodeError:
+        return None
+    per_numa = {numa: tuple(ids or ()) for numa, ids in sorted((entry.DeviceIDs or {}).items())}
+    return Allocation(entry.PodUID, entry.ContainerName, entry.ResourceName, per_numa, response, entry)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInstance:
+    """One row of the PodResources answer: a device on one NUMA node (numa None: no topology)."""
+
+    resource: str
+    device_id: str
+    numa: int | None
+
+
+class PodDevices:
+    def __init__(self) -> None:
+        # pod -> container -> resource -> allocation, insertion-ordered (admission order)
+        self._pods: dict[str, dict[str, dict[str, Allocation]]] = {}
+        # resource -> device -> number of entries holding it
+        self._refs: dict[str, dict[str, int]] = {}
+        # (resource, device) -> {(pod, container)}
+        self._holders: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        """Number of (pod, container, resource) entries."""
+        return self._count
+
+    # -- writes -----------------------------------------------------------------------------------------------------
+
+    def insert(self, allocation: Allocation) -> None:
+        containers = self._pods.setdefault(allocation.pod_uid, {})
+        resources = containers.setdefault(allocation.container, {})
+        old = resources.get(allocation.resource)
+        if old is not None:
+            self._unindex(old)
+        else:
+            self._count += 1
+        resources[allocation.resource] = allocation
+        self._index(allocation)
+
+    def remove_pod(self, pod_uid: str) -> list[Allocation]:
+        containers = self._pods.pop(pod_uid, None)
+        if containers is None:
+            return []
+        removed = [a for resources in containers.values() for a in resources.values()]
+        for allocation in removed:
+            self._unindex(allocation)
+        self._count -= len(removed)
+        return removed
+
+    def load(self, entries: Iterable[PodDevicesEntry]) -> int:
+        """Restore from checkpoint entries (spec §4.9 read path); returns how many were skipped as unreadable."""
+        skipped = 0
+        for entry in entries:
+            allocation = allocation_from_entry(entry)
+            if allocation is None:
+                skipped += 1
+            else:
+                self.insert(allocation)
+        return skipped
+
+    def _index(self, allocation: Allocation) -> None:
+        refs = self._refs.setdefault(allocation.resource, {})
+        for device_id in allocation.device_ids:
+            refs[device_id] = refs.get(device_id, 0) + 1
+            self._holders.setdefault((allocation.resource, device_id), set()).add(
+                (allocation.pod_uid, allocation.container)
+            )
+
+    def _unindex(self, allocation: Allocation) -> None:
+        refs = self._refs.get(allocation.resource, {})
+        for device_id in allocation.device_ids:
+            left = refs.get(device_id, 0) - 1
+            if left > 0:
+                refs[device_id] = left
+            else:
+                refs.pop(device_id, None)
+            holders = self._holders.get((allocation.resource, device_id))
+            if holders is not None:
+                holders.discard((allocation.pod_uid, allocation.container))
+                if not holders:
+                    del self._holders[(allocation.resource, device_id)]
+
+    # -- reads ------------------------------------------------------------------------------------------------------
+
+    def pods(self) -> set[str]:
+        return set(self._pods)
+
+    def has_pod(self, pod_uid: str) -> bool:
+        return pod_uid in self._pods
+
+    def allocations(self, pod_uid: str) -> Iterator[Allocation]:
+        for resources in self._pods.get(pod_uid, {}).values():
+            yield from resources.values()
+
+    def container_allocations(self, pod_uid: str, container: str) -> dict[str, Allocation]:
+        return dict(self._pods.get(pod_uid, {}).get(container, {}))
+
+    def container_devices(self, pod_uid: str, container: str, resource: str) -> frozenset[str] | None:
+        """Upstream containerDevices: None when there is no entry."""
+        allocation = self._pods.get(pod_uid, {}).get(container, {}).get(resource)
+        return allocation.device_ids if allocation is not None else None
+
+    def pod_devices(self, pod_uid: str, resource: str) -> set[str]:
+        """Every device of `resource` held by any container of the pod (upstream podDevices(pod, resource))."""
+        out: set[str] = set()
+        for resources in self._pods.get(pod_uid, {}).values():
+            allocation = resources.get(resource)
+            if allocation is not None:
+                out |= allocation.device_ids
+        return out
+
+    def is_allocated(self, resource: str, device_id: str) -> bool:
+        return device_id in self._refs.get(resource, {})
+
+    def allocated(self, resource: str) -> set[str]:
+        return set(self._refs.get(resource, {}))
+
+    def allocated_count(self, resource: str) -> int:
+        return len(self._refs.get(resource, {}))
+
+    def resources(self) -> set[str]:
+        return {resource for resource, refs in self._refs.items() if refs}
+
+    def devices(self) -> dict[str, set[str]]:
+        """Upstream devices(): resource -> every allocated ID (recomputable allocatedDevices)."""
+        return {resource: set(refs) for resource, refs in self._refs.items() if refs}
+
+    def holders(self, resource: str, device_id: str) -> set[tuple[str, str]]:
+        return set(self._holders.get((resource, device_id), ()))
+
+    def holder_map(self) -> dict[tuple[str, str], tuple[str, str]]:
+        """(resource, device) -> one (pod, container) holding it: the app container when a pod shares it."""
+        return {key: min(holders) for key, holders in self._holders.items()}
+
+    def entries(self) -> list[PodDevicesEntry]:
+        """Checkpoint entries (upstream toCheckpointData), in admission order."""
+        return [a.entry for resources in self._pods.values() for r in resources.values() for a in r.values()]
+
+    def device_instances(self, pod_uid: str, container: str) -> list[DeviceInstance]:
+        """Upstream GetDevices + containerDevicesFromResourceDeviceInstances: one row per device per NUMA node,
+        rebuilt from the per-NUMA lists, -1 meaning no topology (spec §2, §4.13). Sorted for stable answers."""
+        rows: list[DeviceInstance] = []
+        for resource, allocation in sorted(self._pods.get(pod_uid, {}).get(container, {}).items()):
+            nodes: dict[str, set[int]] = {}
+            for numa, ids in allocation.per_numa.items():
+                for device_id in ids:
+                    found = nodes.setdefault(device_id, set())
+                    if numa != NODE_WITHOUT_TOPOLOGY:
+                        found.add(numa)
+            for device_id in sorted(nodes):
+                if not nodes[device_id]:
+                    rows.append(DeviceInstance(resource, device_id, None))
+                for numa in sorted(nodes[device_id]):
+                    rows.append(DeviceInstance(resource, device_id, numa))
+        return rows
+
+    def run_options(self, pod_uid: str, container: str, order: Iterable[str] = ()) -> RunOptions | None:
+        """Spec §4.10 deviceRunContainerOptions: None when the pod or container is unknown. Resources are merged in
+        `order` first (the container's limit order), then any others by name."""
+        resources = self._pods.get(pod_uid, {}).get(container)
+        if resources is None:
+            return None
+        ordered = [r for r in order if r in resources]
+        ordered += sorted(r for r in resources if r not in ordered)
+        return merge_run_options((r, resources[r].response) for r in ordered)

@@ -1,0 +1,224 @@
+"""The part of a Pod the device manager needs, parsed from a Pod object (dict) with clear validation errors.
+
+A malformed pod must never crash anything: `parse_pod` raises `PodError` with a message meant for a person, and the
+caller records it. Only extended resources are interpreted; CPU, memory and the like are ignored (their quantities
+are not validated here, the device manager does not own them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplane.core.names import is_extended_resource_name
+
+PHASE_PENDING = "Pending"
+PHASE_RUNNING = "Running"
+PHASE_SUCCEEDED = "Succeeded"
+PHASE_FAILED = "Failed"
+PHASES = (PHASE_PENDING, PHASE_RUNNING, PHASE_SUCCEEDED, PHASE_FAILED, "Unknown")
+TERMINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
+DEFAULT_NAMESPACE = "default"
+
+_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# Integer quantities only: extended resources cannot be fractional (apimachinery `resource.Quantity` suffixes).
+_QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+_SUFFIX = {
+    None: 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+
+
+class PodError(ValueError):
+    """The pod object is not one the agent can admit; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    name: str
+    # Extended-resource limits (requests equal them: extended resources cannot be overcommitted), in spec order.
+    limits: tuple[tuple[str, int], ...] = ()
+    init: bool = False
+    # An init container with `restartPolicy: Always` (a sidecar) keeps its devices for the pod's lifetime.
+    restartable: bool = False
+
+    @property
+    def limit_map(self) -> dict[str, int]:
+        return dict(self.limits)
+
+    @property
+    def kind(self) -> str:
+        if not self.init:
+            return "app"
+        return "sidecar" if self.restartable else "init"
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    uid: str
+    namespace: str
+    name: str
+    phase: str
+    init_containers: tuple[Container, ...]
+    containers: tuple[Container, ...]
+
+    @property
+    def all_containers(self) -> tuple[Container, ...]:
+        """Admission order: init containers first, then app containers (spec §4.7.1)."""
+        return self.init_containers + self.containers
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def device_requests(self) -> dict[str, int]:
+        """Every extended resource any container asks for (a non-zero limit), with the largest single request."""
+        wanted: dict[str, int] = {}
+        for container in self.all_containers:
+            for resource, count in container.limits:
+                if count > 0:
+                    wanted[resource] = max(wanted.get(resource, 0), count)
+        return wanted
+
+
+def parse_quantity(value: Any, where: str) -> int:
+    """An integer extended-resource quantity: 2, "2", "1k". Fractions ("500m", "0.5") are refused."""
+    if isinstance(value, bool):
+        raise PodError(f"{where}: invalid quantity {value!r}")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, str):
+        match = _QUANTITY.fullmatch(value.strip())
+        if match is None:
+            raise PodError(f"{where}: invalid quantity {value!r}: extended resources must be whole numbers")
+        number = int(match.group(1)) * _SUFFIX[match.group(2)]
+    else:
+        raise PodError(f"{where}: invalid quantity {value!r}: extended resources must be whole numbers")
+    if number < 0:
+        raise PodError(f"{where}: must be greater than or equal to 0")
+    return number
+
+
+def _mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise PodError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def _string(value: Any, where: str, required: bool = True) -> str:
+    if value is None or value == "":
+        if required:
+            raise PodError(f"{where}: Required value")
+        return ""
+    if not isinstance(value, str):
+        raise PodError(f"{where}: expected a string, got {type(value).__name__}")
+    return value
+
+
+def _parse_limits(resources: Mapping[str, Any], where: str) -> tuple[tuple[str, int], ...]:
+    limits = _mapping(resources.get("limits"), f"{where}.limits")
+    requests = _mapping(resources.get("requests"), f"{where}.requests")
+    parsed: dict[str, int] = {}
+    for name, raw in limits.items():
+        if is_extended_resource_name(str(name)):
+            parsed[str(name)] = parse_quantity(raw, f"{where}.limits[{name}]")
+    for name, raw in requests.items():
+        if not is_extended_resource_name(str(name)):
+            continue
+        request = parse_quantity(raw, f"{where}.requests[{name}]")
+        # Apiserver validation: extended resources cannot be overcommitted.
+        if name not in parsed:
+            raise PodError(
+                f"{where}.limits[{name}]: Required value: Limit must be set for non overcommitable resources"
+            )
+        if parsed[name] != request:
+            raise PodError(f"{where}.requests[{name}]: Invalid value: {raw!r}: must be equal to {name} limit")
+    return tuple(parsed.items())
+
+
+def _parse_containers(value: Any, where: str, init: bool, seen: set[str]) -> tuple[Container, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise PodError(f"{where}: expected a list, got {type(value).__name__}")
+    out = []
+    for index, raw in enumerate(value):
+        here = f"{where}[{index}]"
+        spec = _mapping(raw, here)
+        name = _string(spec.get("name"), f"{here}.name")
+        if not _DNS1123_LABEL.fullmatch(name) or len(name) > 63:
+            raise PodError(f"{here}.name: Invalid value: {name!r}: must be a DNS-1123 label")
+        if name in seen:
+            raise PodError(f"{here}.name: Duplicate value: {name!r}")
+        seen.add(name)
+        restart_policy = spec.get("restartPolicy")
+        if restart_policy is not None and (not init or restart_policy != "Always"):
+            raise PodError(f"{here}.restartPolicy: Unsupported value: {restart_policy!r}")
+        limits = _parse_limits(_mapping(spec.get("resources"), f"{here}.resources"), f"{here}.resources")
+        out.append(Container(name=name, limits=limits, init=init, restartable=restart_policy == "Always"))
+    return tuple(out)
+
+
+def stable_uid(obj: Mapping[str, Any], node_name: str, source: str) -> str:
+    """A UID for a pod without `metadata.uid`, as the kubelet gives static pods one: a hash of the pod's content,
+    the node name and the file it came from. Canonical JSON, so reformatting a file does not change it."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode())
+    digest.update(f"host:{node_name}".encode())
+    digest.update(f"file:{source}".encode())
+    return digest.hexdigest()[:32]
+
+
+def parse_pod(obj: Any, node_name: str = "", source: str = "") -> Pod:
+    """A Pod from its object form (a decoded YAML/JSON document). Raises PodError with what is wrong."""
+    if not isinstance(obj, Mapping):
+        raise PodError(f"expected a Pod object, got {type(obj).__name__}")
+    kind = obj.get("kind", "Pod")
+    if kind != "Pod":
+        raise PodError(f"kind: expected Pod, got {kind!r}")
+    api_version = obj.get("apiVersion", "v1")
+    if api_version != "v1":
+        raise PodError(f"apiVersion: expected v1, got {api_version!r}")
+    metadata = _mapping(obj.get("metadata"), "metadata")
+    name = _string(metadata.get("name"), "metadata.name")
+    if not _DNS1123_SUBDOMAIN.fullmatch(name) or len(name) > 253:
+        raise PodError(f"metadata.name: Invalid value: {name!r}: must be a DNS-1123 subdomain")
+    namespace = _string(metadata.get("namespace"), "metadata.namespace", required=False) or DEFAULT_NAMESPACE
+    if not _DNS1123_LABEL.fullmatch(namespace) or len(namespace) > 63:
+        raise PodError(f"metadata.namespace: Invalid value: {namespace!r}: must be a DNS-1123 label")
+    uid = _string(metadata.get("uid"), "metadata.uid", required=False) or stable_uid(obj, node_name, source)
+    spec = _mapping(obj.get("spec"), "spec")
+    seen: set[str] = set()
+    init_containers = _parse_containers(spec.get("initContainers"), "spec.initContainers", True, seen)
+    containers = _parse_containers(spec.get("containers"), "spec.containers", False, seen)
+    if not containers:
+        raise PodError("spec.containers: Required value")
+    status = _mapping(obj.get("status"), "status")
+    phase = _string(status.get("phase"), "status.phase", required=False) or PHASE_PENDING
+    if phase not in PHASES:
+        raise PodError(f"status.phase: Unsupported value: {phase!r}")
+    return Pod(uid, namespace, name, phase, init_containers, containers)

@@ -1,0 +1,114 @@
+"""podDevices bookkeeping (spec §6.3) and its checkpoint form (§6.1 item 9 TestCheckpoint)."""
+
+from __future__ import annotations
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.core.checkpoint import checkpoint_data_for_write, decode, encode
+from deviceplane.core.pod_devices import DeviceInstance, PodDevices, make_allocation
+
+
+def resp(**kw: object) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(**kw)  # type: ignore[arg-type]
+
+
+def test_get_container_devices_device_on_two_numa_nodes() -> None:
+    """TestGetContainerDevices: dev1 on NUMA 0 and 1 -> one row per node."""
+    pds = PodDevices()
+    pds.insert(make_allocation("pod1", "ctr1", "foo", {0: ("dev1",), 1: ("dev1",)}, resp()))
+    assert pds.device_instances("pod1", "ctr1") == [DeviceInstance("foo", "dev1", 0), DeviceInstance("foo", "dev1", 1)]
+
+
+def test_no_topology_devices_have_no_numa_row() -> None:
+    pds = PodDevices()
+    pds.insert(make_allocation("p", "c", "foo", {-1: ("a",), 0: ("b",)}, resp()))
+    assert pds.device_instances("p", "c") == [DeviceInstance("foo", "a", None), DeviceInstance("foo", "b", 0)]
+    assert pds.device_instances("p", "missing") == []
+
+
+def test_pod_and_container_devices_union() -> None:
+    """TestPodDevices (pod-level union, 4) and TestContainerDevices (across NUMA keys, 3)."""
+    pds = PodDevices()
+    pds.insert(make_allocation("pod1", "c1", "r", {0: ("d1", "d2")}, resp()))
+    pds.insert(make_allocation("pod1", "c2", "r", {-1: ("d3",), 1: ("d4",)}, resp()))
+    assert pds.pod_devices("pod1", "r") == {"d1", "d2", "d3", "d4"}
+    pds.insert(make_allocation("pod2", "c", "r", {-1: ("e1",), 0: ("e2",), 1: ("e3",)}, resp()))
+    assert pds.container_devices("pod2", "c", "r") == {"e1", "e2", "e3"}
+    assert pds.container_devices("pod2", "other", "r") is None
+
+
+def test_holder_of_a_device() -> None:
+    """TestGetPodAndContainerForDevice."""
+    pds = PodDevices()
+    pds.insert(make_allocation("pod1", "c", "r", {0: ("dev1",)}, resp()))
+    assert pds.holder_map()[("r", "dev1")] == ("pod1", "c")
+    assert ("r", "unknown") not in pds.holder_map()
+
+
+def test_run_options_of_unknown_container_is_none_and_cdi_merged() -> None:
+    pds = PodDevices()
+    pds.insert(make_allocation("p", "c", "a", {-1: ("1",)}, resp(cdi_devices=[pb.CDIDevice(name="x=1")])))
+    pds.insert(
+        make_allocation(
+            "p", "c", "b", {-1: ("2",)}, resp(cdi_devices=[pb.CDIDevice(name="x=1"), pb.CDIDevice(name="y=2")])
+        )
+    )
+    assert pds.run_options("p", "nope") is None
+    options = pds.run_options("p", "c", order=["b", "a"])
+    assert options is not None and options.cdi_devices == ["x=1", "y=2"]
+
+
+def test_checkpoint_round_trip() -> None:
+    """TestCheckpoint: 5 entries (env, mount, device, CDI responses, one NUMA -1) survive write and read."""
+    pds = PodDevices()
+    pds.insert(
+        make_allocation(
+            "pod1",
+            "con1",
+            "domain1.com/resource1",
+            {0: ("dev1", "dev2")},
+            resp(envs={"A": "1"}, mounts=[pb.Mount(container_path="/m", host_path="/h")]),
+        )
+    )
+    pds.insert(
+        make_allocation(
+            "pod1",
+            "con1",
+            "domain2.com/resource2",
+            {1: ("dev3",)},
+            resp(devices=[pb.DeviceSpec(container_path="/dev/a", host_path="/dev/a")]),
+        )
+    )
+    pds.insert(
+        make_allocation(
+            "pod1", "con2", "domain1.com/resource1", {0: ("dev4",)}, resp(cdi_devices=[pb.CDIDevice(name="v.com/d=1")])
+        )
+    )
+    pds.insert(make_allocation("pod2", "con1", "domain1.com/resource1", {-1: ("dev5",)}, resp()))
+    pds.insert(make_allocation("pod3", "con1", "domain3.com/resource3", {0: ("dev6",), 1: ("dev7",)}, resp()))
+    healthy = {
+        "domain1.com/resource1": {"dev1", "dev2", "dev4", "dev5"},
+        "domain2.com/resource2": {"dev3"},
+        "domain3.com/resource3": set(),
+    }
+    data = decode(encode(checkpoint_data_for_write(pds.entries(), healthy)))
+    restored = PodDevices()
+    assert restored.load(data.PodDeviceEntries or []) == 0
+    assert len(restored) == 5
+    for pod_uid in ("pod1", "pod2", "pod3"):
+        for container in ("con1", "con2"):
+            for resource in healthy:
+                assert restored.container_devices(pod_uid, container, resource) == pds.container_devices(
+                    pod_uid, container, resource
+                )
+    assert restored.devices() == pds.devices()
+    options = restored.run_options("pod1", "con1")
+    assert options is not None and len(options.envs) == 1 and len(options.mounts) == 1 and len(options.devices) == 1
+    assert data.RegisteredDevices == {k: sorted(v) for k, v in healthy.items()}
+
+
+def test_unreadable_alloc_resp_entries_are_skipped() -> None:
+    entry = make_allocation("p", "c", "r", {-1: ("a",)}, resp()).entry
+    broken = type(entry)(entry.PodUID, entry.ContainerName, entry.ResourceName, entry.DeviceIDs, b"\xff\xff")
+    pds = PodDevices()
+    assert pds.load([broken, entry]) == 1
+    assert pds.container_devices("p", "c", "r") == {"a"}

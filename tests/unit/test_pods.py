@@ -1,0 +1,112 @@
+"""Parsing pods (static pod files): the model, stable UIDs, and clear errors for malformed input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deviceplane.core.pods import PodError, parse_pod, parse_quantity
+
+
+def pod_obj(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"containers": [{"name": "c"}], **spec},
+    }
+
+
+def test_parses_containers_limits_and_init_kinds() -> None:
+    obj = pod_obj(
+        initContainers=[
+            {"name": "setup", "resources": {"limits": {"example.com/gpu": 2}}},
+            {"name": "side", "restartPolicy": "Always", "resources": {"limits": {"example.com/gpu": "1"}}},
+        ],
+        containers=[
+            {
+                "name": "main",
+                "resources": {
+                    "limits": {"example.com/gpu": "1", "cpu": "500m", "memory": "1Gi"},
+                    "requests": {"example.com/gpu": 1, "cpu": "100m"},
+                },
+            }
+        ],
+    )
+    obj["metadata"]["uid"] = "u-1"
+    pod = parse_pod(obj)
+    assert (pod.uid, pod.namespace, pod.name, pod.phase) == ("u-1", "ns", "p", "Pending")
+    assert [(c.name, c.kind, c.limits) for c in pod.all_containers] == [
+        ("setup", "init", (("example.com/gpu", 2),)),
+        ("side", "sidecar", (("example.com/gpu", 1),)),
+        ("main", "app", (("example.com/gpu", 1),)),
+    ]
+    assert pod.device_requests() == {"example.com/gpu": 2}
+
+
+def test_uid_without_metadata_uid_is_stable_and_depends_on_node_and_file() -> None:
+    a = parse_pod(pod_obj(), node_name="n1", source="a.yaml").uid
+    assert a == parse_pod(pod_obj(), node_name="n1", source="a.yaml").uid
+    assert a != parse_pod(pod_obj(), node_name="n2", source="a.yaml").uid
+    assert a != parse_pod(pod_obj(), node_name="n1", source="b.yaml").uid
+    assert a != parse_pod(pod_obj(containers=[{"name": "d"}]), node_name="n1", source="a.yaml").uid
+
+
+def test_phase_terminal() -> None:
+    obj = pod_obj()
+    obj["status"] = {"phase": "Succeeded"}
+    assert parse_pod(obj).terminal
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda o: o.update(kind="Deployment"), "kind: expected Pod"),
+        (lambda o: o["metadata"].pop("name"), "metadata.name: Required value"),
+        (lambda o: o["metadata"].update(name="Bad_Name"), "metadata.name: Invalid value"),
+        (lambda o: o["spec"].update(containers=[]), "spec.containers: Required value"),
+        (lambda o: o["spec"].update(containers="nope"), "spec.containers: expected a list"),
+        (lambda o: o["spec"].update(containers=[{"name": "c"}, {"name": "c"}]), "Duplicate value: 'c'"),
+        (
+            lambda o: o["spec"]["containers"][0].update(resources={"limits": {"example.com/gpu": "0.5"}}),
+            "extended resources must be whole numbers",
+        ),
+        (
+            lambda o: o["spec"]["containers"][0].update(resources={"limits": {"example.com/gpu": -1}}),
+            "must be greater than or equal to 0",
+        ),
+        (
+            lambda o: o["spec"]["containers"][0].update(resources={"requests": {"example.com/gpu": 1}}),
+            "Limit must be set for non overcommitable resources",
+        ),
+        (
+            lambda o: o["spec"]["containers"][0].update(
+                resources={"limits": {"example.com/gpu": 2}, "requests": {"example.com/gpu": 1}}
+            ),
+            "must be equal to example.com/gpu limit",
+        ),
+        (lambda o: o["spec"]["containers"][0].update(restartPolicy="Always"), "restartPolicy: Unsupported value"),
+        (lambda o: o.update(status={"phase": "Exploded"}), "status.phase: Unsupported value"),
+        (lambda o: o.update(metadata=["x"]), "metadata: expected an object"),
+    ],
+)
+def test_malformed_pods_give_clear_errors(mutate: Any, message: str) -> None:
+    obj = pod_obj()
+    mutate(obj)
+    with pytest.raises(PodError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_pod(obj)
+
+
+@pytest.mark.parametrize("value", [None, "text", [1], 3.5, True])
+def test_non_objects_and_bad_quantities_never_crash(value: Any) -> None:
+    with pytest.raises(PodError):
+        parse_pod(value if not isinstance(value, float) else {"spec": value})
+    with pytest.raises(PodError):
+        parse_quantity(value, "x")
+
+
+def test_quantity_suffixes() -> None:
+    assert parse_quantity("2k", "x") == 2000
+    assert parse_quantity("1Ki", "x") == 1024
+    assert parse_quantity(3, "x") == 3
