@@ -24,7 +24,15 @@ from .procs import Proc, Procs, free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "tests" / "k8s" / "build.sh"
-CONTROL_PLANE_BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok")
+CONTROL_PLANE_BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "kwok-stages.yaml",
+)
 KWOK_NODE_LABEL = "deviceplane.io/kwok"  # kwok manages nodes carrying this label (=true)
 
 
@@ -40,7 +48,7 @@ def bin_dir() -> Path:
 
 
 def missing_binaries(directory: Path, names: Sequence[str]) -> list[str]:
-    return [n for n in names if not os.access(directory / n, os.X_OK)]
+    return [n for n in names if not os.access(directory / n, os.R_OK if n.endswith(".yaml") else os.X_OK)]
 
 
 def versions(directory: Path) -> dict[str, str]:
@@ -184,6 +192,7 @@ class Cluster:
             [
                 str(self.bin / "kwok"),
                 f"--kubeconfig={self.kubeconfig}",
+                f"--config={self.bin / 'kwok-stages.yaml'}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-label-selector={KWOK_NODE_LABEL}=true",
                 "--node-ip=127.0.0.1",

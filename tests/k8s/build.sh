@@ -96,6 +96,14 @@ step "etcd $etcd_version" "$here/etcd" -ldflags "-s -w" -o "$tmp/etcd" .
 step "kwok $kwok_version" "$here/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s_version#v}" \
   -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok
+# kwok ships no built-in stages: assemble the "fast" set (what kwokctl uses) from the module's own kustomize/stage.
+kwok_dir=$(cd "$here/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok) || die "cannot locate the kwok module source"
+for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+         pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+  [ -f "$kwok_dir/kustomize/stage/$f" ] || die "kwok stage $f not found in $kwok_dir"
+  echo "---"
+  cat "$kwok_dir/kustomize/stage/$f"
+done > "$tmp/kwok-stages.yaml"
 if [ -n "$gdp_version" ]; then
   step "generic-device-plugin $gdp_version" "$here/gdp" -ldflags "-s -w" -o "$tmp/generic-device-plugin" github.com/squat/generic-device-plugin
 fi
