@@ -1,0 +1,47 @@
+"""`deviceplane plugin files|sim`: the reference plugins' command line, with what they share."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+from deviceplane.plugin import files, sim
+from deviceplane.plugin.plugin import DEFAULT_PLUGIN_DIR, PluginError
+
+PLUGINS = {module.NAME: module for module in (files, sim)}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="plugin", metavar="PLUGIN", required=True)
+    for name, module in PLUGINS.items():
+        plugin_parser = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        plugin_parser.add_argument(
+            "--plugin-dir",
+            type=Path,
+            default=Path(DEFAULT_PLUGIN_DIR),
+            help="where kubelet.sock is and the plugin's socket goes [%(default)s]",
+        )
+        plugin_parser.add_argument(
+            "--registry-dir",
+            type=Path,
+            help="register through this plugins_registry directory (kubelet plugin watcher) instead of kubelet.sock",
+        )
+        plugin_parser.add_argument(
+            "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="[%(default)s]"
+        )
+        module.add_arguments(plugin_parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(asyncio.run(PLUGINS[args.plugin].main(args)))
+    except (ValueError, PluginError) as err:
+        # Bad input or an unusable directory: one line, no traceback, "usage error" exit code like argparse's.
+        print(f"deviceplane plugin {args.plugin}: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,296 @@
+"""DevicePlugin: serve a resource's devices, register them, and stay registered across kubelet/agent restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import stat
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from watchfiles import Change
+
+from deviceplane.plugin.devices import DeviceSet
+from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook
+from deviceplane.plugin.models import Device
+from deviceplane.plugin.names import MAX_SOCKET_PATH, check_resource_name, socket_file_name
+from deviceplane.plugin.registration import KUBELET_SOCKET, register
+from deviceplane.plugin.service import Hooks, build_server
+from deviceplane.plugin.signals import stop_on_signals
+from deviceplane.plugin.watch import dir_changes
+
+log = logging.getLogger("deviceplane.plugin")
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+# Environment fallbacks, so an unmodified plugin script can be pointed elsewhere (tests, containers).
+PLUGIN_DIR_ENV = "DEVICEPLANE_PLUGIN_DIR"
+REGISTRY_DIR_ENV = "DEVICEPLANE_REGISTRY_DIR"
+
+RETRY_INITIAL = 0.1
+RETRY_MAX = 5.0
+
+_instance_numbers = itertools.count()
+
+SocketIdentity = tuple[int, int, int]
+
+
+class PluginError(Exception):
+    """The plugin cannot start: a message for humans, no traceback needed."""
+
+
+def socket_identity(path: Path) -> SocketIdentity | None:
+    """Tells a re-created socket from the old one at the same path (inode numbers alone may be reused)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(info.st_mode):
+        return None
+    return (info.st_dev, info.st_ino, info.st_ctime_ns)
+
+
+class DevicePlugin:
+    """A device plugin for one extended resource.
+
+    `devices` can be replaced at any time (`set_devices`, from any thread); hooks may be plain or `async` functions
+    and are optional - the options the kubelet sees follow from which ones are given:
+
+    - `allocate(device_ids) -> Allocation | None`, once per container;
+    - `get_preferred_allocation(available, must_include, size) -> device ids`;
+    - `pre_start_container(device_ids) -> None`.
+
+    A hook that raises fails that one RPC (gRPC status UNKNOWN with the exception's message).
+    Registration goes to `<plugin_dir>/kubelet.sock`, or - with `registry_dir` - through the kubelet's
+    plugins_registry directory (the plugin's socket is placed there and answers GetInfo).
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        devices: Iterable[Device] = (),
+        *,
+        allocate: AllocateHook | None = None,
+        get_preferred_allocation: PreferredAllocationHook | None = None,
+        pre_start_container: PreStartHook | None = None,
+        plugin_dir: str | os.PathLike[str] | None = None,
+        registry_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        check_resource_name(resource)
+        self.resource = resource
+        self._devices = DeviceSet(devices)
+        self._hooks = Hooks(allocate, get_preferred_allocation, pre_start_container)
+        self.plugin_dir = Path(plugin_dir or os.environ.get(PLUGIN_DIR_ENV) or DEFAULT_PLUGIN_DIR).absolute()
+        registry = registry_dir or os.environ.get(REGISTRY_DIR_ENV)
+        self.registry_dir = Path(registry).absolute() if registry else None
+        number = next(_instance_numbers)
+        suffix = f"{os.getpid()}" if number == 0 else f"{os.getpid()}-{number}"
+        self.socket_path = (self.registry_dir or self.plugin_dir) / socket_file_name(resource, suffix)
+
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._server: grpc.aio.Server | None = None
+        self._serving: SocketIdentity | None = None
+        self._watch_stop = threading.Event()
+        self._need_register = asyncio.Event()
+        self._register_in_flight = False
+        self._registered_with: SocketIdentity | None = None
+        self.registrations = 0  # successful registrations so far (observability, tests)
+
+    # -- devices ---------------------------------------------------------------------------------------------
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        return self._devices.current.devices
+
+    def set_devices(self, devices: Iterable[Device]) -> None:
+        """Replace the device list; every ListAndWatch stream gets the new full snapshot if anything changed."""
+        self._devices.replace(devices)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT or `stop()`: the blocking entry point for plain scripts."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.serve())
+        else:
+            raise RuntimeError("DevicePlugin.run() blocks; inside asyncio code use `await plugin.serve()`")
+
+    def stop(self) -> None:
+        """Ask `serve()` to return (safe from any thread and from signal handlers)."""
+        loop, requested = self._loop, self._stop_requested
+        if loop is None or requested is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            requested.set()
+        else:
+            loop.call_soon_threadsafe(requested.set)
+
+    async def serve(self, *, handle_signals: bool = True) -> None:
+        """Serve, register and keep registered until `stop()`, SIGTERM/SIGINT (if `handle_signals`) or cancellation.
+
+        Raises PluginError if the socket cannot be created. On return the plugin's socket is gone.
+        """
+        if self._loop is not None:
+            raise RuntimeError(f"plugin {self.resource} is already serving")
+        self._prepare_directory(self.socket_path.parent)
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        self._need_register = asyncio.Event()
+        self._watch_stop.clear()
+        self._devices.attach(self._loop)
+        tasks: list[asyncio.Task[Any]] = []
+        signals = stop_on_signals(self.stop) if handle_signals else contextlib.nullcontext()
+        try:
+            with signals:
+                await self._start_server()
+                tasks.append(asyncio.create_task(self._watch(), name=f"{self.resource} watch"))
+                if self.registry_dir is None:
+                    self._need_register.set()
+                    tasks.append(asyncio.create_task(self._register_loop(), name=f"{self.resource} register"))
+                else:
+                    log.info("%s: serving on %s for the kubelet's plugin watcher", self.resource, self.socket_path)
+                stopped = asyncio.create_task(self._stop_requested.wait())
+                workers = list(tasks)
+                tasks.append(stopped)
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task in workers:
+                        task.result()  # a background task only ends by crashing: surface it
+        finally:
+            await self._shutdown(tasks)
+
+    async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
+        self._watch_stop.set()  # before cancelling: lets the watcher's thread return promptly
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._devices.close()
+        await self._stop_server()
+        self._devices.attach(None)
+        self._loop = None
+        log.info("%s: stopped", self.resource)
+
+    # -- the gRPC server on our socket ----------------------------------------------------------------------
+
+    def _prepare_directory(self, directory: Path) -> None:
+        if len(str(self.socket_path)) > MAX_SOCKET_PATH:
+            raise PluginError(f"socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes")
+        if directory.exists() and not directory.is_dir():
+            raise PluginError(f"{directory} is not a directory")
+        try:
+            # The kubelet creates it too; a plugin started first must not fail for that.
+            directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+        except OSError as err:
+            raise PluginError(f"cannot create {directory}: {err.strerror}") from None
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PluginError(f"cannot create a socket in {directory}: permission denied")
+
+    def _on_registration_status(self, registered: bool, error: str) -> None:
+        if registered:
+            self.registrations += 1
+            log.info("%s: registered through the plugin watcher", self.resource)
+        else:
+            log.error("%s: registration rejected: %s", self.resource, error)
+
+    async def _start_server(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()  # a stale socket from an earlier process with our pid
+        server = build_server(self._devices, self._hooks, self.resource, self._on_registration_status)
+        try:
+            bound = server.add_insecure_port(f"unix:{self.socket_path}")
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            raise PluginError(f"cannot listen on {self.socket_path}")
+        await server.start()
+        self._server = server
+        self._serving = socket_identity(self.socket_path)
+        log.info("%s: serving DevicePlugin on %s", self.resource, self.socket_path)
+
+    async def _stop_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            # Brief grace so in-flight Allocate calls complete; streams were already ended by DeviceSet.close().
+            await server.stop(grace=0.5)
+        # gRPC unlinks its socket on stop; make sure, but never remove a socket someone else created there since.
+        if self._serving is not None and socket_identity(self.socket_path) == self._serving:
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._serving = None
+
+    # -- staying registered ------------------------------------------------------------------------------------
+
+    @property
+    def _kubelet_socket(self) -> Path:
+        return self.plugin_dir / KUBELET_SOCKET
+
+    async def _watch(self) -> None:
+        directory = self.socket_path.parent
+        while not self._watch_stop.is_set():
+            try:
+                async for changes in dir_changes(directory, self._watch_stop):
+                    await self._check(changes)
+            except (OSError, RuntimeError) as err:  # e.g. the directory itself was removed
+                log.warning("%s: watching %s failed (%s); retrying", self.resource, directory, err)
+                await asyncio.sleep(1)
+                with contextlib.suppress(OSError):
+                    directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+                await self._check(set())
+
+    async def _check(self, changes: set[tuple[Change, str]]) -> None:
+        """React to a batch of directory changes (or a quiet tick) by comparing state, not just trusting events."""
+        if socket_identity(self.socket_path) != self._serving:
+            # The kubelet deletes every socket in its directory when it restarts (spec §1.4).
+            log.warning("%s: %s was removed; serving again", self.resource, self.socket_path)
+            await self._stop_server()
+            await self._start_server()
+            self._registered_with = None
+            self._need_register.set()
+        if self.registry_dir is not None:
+            return
+        kubelet = socket_identity(self._kubelet_socket)
+        recreated = (Change.added, KUBELET_SOCKET) in changes
+        if kubelet is not None and (recreated or (not self._register_in_flight and kubelet != self._registered_with)):
+            self._need_register.set()
+
+    async def _register_loop(self) -> None:
+        delay = RETRY_INITIAL
+        last_error = ""
+        while True:
+            await self._need_register.wait()
+            self._need_register.clear()
+            target = socket_identity(self._kubelet_socket)
+            self._register_in_flight = True
+            try:
+                if target is None:
+                    raise FileNotFoundError(f"{self._kubelet_socket} does not exist (yet)")
+                await register(self._kubelet_socket, self.socket_path.name, self.resource, self._hooks.options())
+            except (grpc.aio.AioRpcError, OSError) as err:
+                message = (err.details() or str(err.code())) if isinstance(err, grpc.aio.AioRpcError) else str(err)
+                if message != last_error:  # one line per distinct problem, not one per retry
+                    log.warning("%s: registration failed, will retry: %s", self.resource, message)
+                    last_error = message
+                self._register_in_flight = False
+                # Sleep, but wake at once when the watcher sees kubelet.sock appear.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._need_register.wait(), delay)
+                self._need_register.set()
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            self._register_in_flight = False
+            self._registered_with = target
+            self.registrations += 1
+            delay, last_error = RETRY_INITIAL, ""
+            log.info("%s: registered with %s as %s", self.resource, self._kubelet_socket, self.socket_path.name)

@@ -1,0 +1,143 @@
+"""The gRPC services a plugin serves on its socket: v1beta1.DevicePlugin and pluginregistration.Registration.
+
+Both are always served (as the kubelet's own stub does): the Registration service is only used when the plugin is
+found through a plugins_registry directory, and costs nothing otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
+from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from deviceplane.plugin.devices import DeviceSet
+from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook, abort, call_hook
+from deviceplane.plugin.models import Allocation
+
+log = logging.getLogger("deviceplane.plugin")
+
+API_VERSION = "v1beta1"
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    allocate: AllocateHook | None = None
+    get_preferred_allocation: PreferredAllocationHook | None = None
+    pre_start_container: PreStartHook | None = None
+
+    def options(self) -> pb.DevicePluginOptions:
+        # The kubelet asks for these instead of trusting RegisterRequest.options (spec §4.2), so derive them from
+        # what the plugin actually implements: a flag without a hook would make the kubelet call into nothing.
+        return pb.DevicePluginOptions(
+            pre_start_required=self.pre_start_container is not None,
+            get_preferred_allocation_available=self.get_preferred_allocation is not None,
+        )
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):
+    def __init__(self, devices: DeviceSet, hooks: Hooks) -> None:
+        self._devices = devices
+        self._hooks = hooks
+
+    async def GetDevicePluginOptions(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
+        return self._hooks.options()
+
+    async def ListAndWatch(self, request: pb.Empty, context: Context) -> AsyncIterator[pb.ListAndWatchResponse]:
+        async for snapshot in self._devices.watch():
+            yield snapshot.message
+
+    async def Allocate(self, request: pb.AllocateRequest, context: Context) -> pb.AllocateResponse:
+        known = self._devices.current.by_id
+        response = pb.AllocateResponse()
+        for container in request.container_requests:
+            ids = list(container.devices_ids)
+            # Checked here so hooks can trust their input; the wording is the kubelet sample plugin's.
+            for device_id in ids:
+                if device_id not in known:
+                    await abort(context, f"invalid allocation request with non-existing device {device_id}")
+            part = await self._allocate_one(ids, context)
+            response.container_responses.append(part)
+        return response
+
+    async def _allocate_one(self, ids: list[str], context: Context) -> pb.ContainerAllocateResponse:
+        if self._hooks.allocate is None:
+            return pb.ContainerAllocateResponse()
+        result = await call_hook("allocate", self._hooks.allocate, context, ids)
+        if result is None:
+            return pb.ContainerAllocateResponse()
+        if isinstance(result, Allocation):
+            return result.to_proto()
+        if isinstance(result, pb.ContainerAllocateResponse):
+            return result
+        await abort(context, f"allocate: hook returned {type(result).__name__}, expected Allocation or None")
+
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: Context
+    ) -> pb.PreferredAllocationResponse:
+        response = pb.PreferredAllocationResponse()
+        for container in request.container_requests:
+            chosen: list[str] = []
+            if self._hooks.get_preferred_allocation is not None:
+                result = await call_hook(
+                    "get_preferred_allocation",
+                    self._hooks.get_preferred_allocation,
+                    context,
+                    list(container.available_deviceIDs),
+                    list(container.must_include_deviceIDs),
+                    int(container.allocation_size),
+                )
+                try:
+                    chosen = [str(device_id) for device_id in result]
+                except TypeError:
+                    await abort(
+                        context,
+                        f"get_preferred_allocation: hook returned {type(result).__name__}, "
+                        "expected a list of device ids",
+                    )
+            response.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return response
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: Context
+    ) -> pb.PreStartContainerResponse:
+        if self._hooks.pre_start_container is not None:
+            await call_hook("pre_start_container", self._hooks.pre_start_container, context, list(request.devices_ids))
+        return pb.PreStartContainerResponse()
+
+
+class RegistrationService(reg_pb_grpc.RegistrationServicer):
+    """What the kubelet's plugin watcher asks a socket in plugins_registry (spec §3.2)."""
+
+    def __init__(self, resource: str, on_status: Callable[[bool, str], None]) -> None:
+        self._resource = resource
+        self._on_status = on_status
+
+    async def GetInfo(self, request: reg_pb.InfoRequest, context: Context) -> reg_pb.PluginInfo:
+        # endpoint "" = "the DevicePlugin service is on this same socket".
+        return reg_pb.PluginInfo(
+            type="DevicePlugin", name=self._resource, endpoint="", supported_versions=[API_VERSION]
+        )
+
+    async def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, context: Context
+    ) -> reg_pb.RegistrationStatusResponse:
+        self._on_status(request.plugin_registered, request.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+def build_server(
+    devices: DeviceSet, hooks: Hooks, resource: str, on_status: Callable[[bool, str], None]
+) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    pb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(devices, hooks), server)
+    reg_pb_grpc.add_RegistrationServicer_to_server(RegistrationService(resource, on_status), server)
+    return server

@@ -1,0 +1,233 @@
+"""`deviceplane plugin sim`: simulated devices for tests, demos and benchmarks.
+
+Devices `sim-0 .. sim-N-1` sit on K NUMA nodes in contiguous blocks (like GPUs behind two sockets: with 8 devices and
+2 nodes, sim-0..3 on node 0 and sim-4..7 on node 1). Health is steered at run time through the control endpoint
+(`sim_control`) or flipped at random with `--flap-rate`. Every hook call is recorded, and faults (fail / hang) can be
+injected per RPC, so tests can see exactly what the kubelet or agent asked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplane.plugin.models import Allocation, Device, DeviceSpec
+from deviceplane.plugin.plugin import DevicePlugin
+from deviceplane.plugin.preferred import pack_on_numa
+
+log = logging.getLogger("deviceplane.plugin.sim")
+
+NAME = "sim"
+HELP = "simulated devices over NUMA nodes, health steerable at run time"
+MAX_COUNT = 100_000  # one ListAndWatch snapshot must stay under gRPC's default 4 MiB message limit
+RPCS = ("Allocate", "GetPreferredAllocation", "PreStartContainer")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    if value > MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_COUNT}, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0 or value == float("inf"):  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT (PORT 0 = any free port), got {text!r}")
+    return host, int(port)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--resource", default="example.com/sim", help="extended resource name [%(default)s]")
+    parser.add_argument("--count", type=_count, default=8, help="number of devices, sim-0..N-1 [%(default)s]")
+    parser.add_argument("--numa", type=_count, default=1, help="NUMA nodes; 0 = no topology [%(default)s]")
+    parser.add_argument(
+        "--control", type=_address, metavar="HOST:PORT", help="serve the HTTP control endpoint here (port 0: any)"
+    )
+    parser.add_argument("--flap-rate", type=_rate, default=0.0, help="random health flips per second [0 = off]")
+    parser.add_argument("--seed", type=int, help="seed for --flap-rate (default: random)")
+    parser.add_argument("--no-preferred-allocation", action="store_true", help="do not offer GetPreferredAllocation")
+    parser.add_argument("--no-pre-start", action="store_true", help="do not ask for PreStartContainer")
+
+
+def numa_layout(count: int, numa: int) -> dict[str, tuple[int, ...]]:
+    """Device id -> NUMA nodes, in contiguous blocks over `numa` nodes (empty tuple when numa == 0)."""
+    return {f"sim-{i}": ((i * numa // count,) if numa else ()) for i in range(count)}
+
+
+class SimFault(Exception):
+    """An injected failure."""
+
+
+@dataclass
+class Fault:
+    mode: str  # "fail" | "hang"
+    message: str = "injected failure"
+    seconds: float | None = None  # hang: how long (None = until the call is cancelled)
+    remaining: int | None = None  # how many more calls it affects (None = until cleared)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Fault:
+        if not isinstance(data, dict) or data.get("mode") not in ("fail", "hang"):
+            raise ValueError('expected {"mode": "fail"|"hang", "message"?, "seconds"?, "times"?}')
+        seconds, times = data.get("seconds"), data.get("times")
+        if seconds is not None and (not isinstance(seconds, int | float) or seconds < 0):
+            raise ValueError("seconds must be a number >= 0")
+        if times is not None and (not isinstance(times, int) or times < 1):
+            raise ValueError("times must be an integer >= 1")
+        return cls(data["mode"], str(data.get("message", "injected failure")), seconds, times)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "message": self.message, "seconds": self.seconds, "times": self.remaining}
+
+
+class SimPlugin:
+    def __init__(
+        self,
+        resource: str,
+        count: int,
+        numa: int,
+        *,
+        preferred: bool = True,
+        pre_start: bool = True,
+        flap_rate: float = 0.0,
+        seed: int | None = None,
+        plugin_dir: Any = None,
+        registry_dir: Any = None,
+    ) -> None:
+        self.numa_of = numa_layout(count, numa)
+        self.health = dict.fromkeys(self.numa_of, True)
+        self.calls: dict[str, list[dict[str, Any]]] = {rpc: [] for rpc in RPCS}
+        self.faults: dict[str, Fault] = {}
+        self.flap_rate = flap_rate
+        self.flips = 0
+        self._random = random.Random(seed)
+        self.plugin = DevicePlugin(
+            resource,
+            self.devices(),
+            allocate=self.allocate,
+            get_preferred_allocation=self.get_preferred_allocation if preferred else None,
+            pre_start_container=self.pre_start_container if pre_start else None,
+            plugin_dir=plugin_dir,
+            registry_dir=registry_dir,
+        )
+
+    def devices(self) -> list[Device]:
+        return [Device(i, healthy=self.health[i], numa_nodes=self.numa_of[i]) for i in self.numa_of]
+
+    def set_health(self, changes: Mapping[str, bool]) -> None:
+        """Apply several health changes as one snapshot. KeyError for an unknown device, nothing changed then."""
+        unknown = [i for i in changes if i not in self.health]
+        if unknown:
+            raise KeyError(f"no such device: {', '.join(unknown)}")
+        self.health.update(changes)
+        self.plugin.set_devices(self.devices())
+
+    # -- hooks: record, then apply an injected fault, then answer ---------------------------------------------
+
+    def _record(self, rpc: str, **request: Any) -> dict[str, Any]:
+        entry = {"time": time.time(), **request}
+        self.calls[rpc].append(entry)
+        return entry
+
+    async def _fault(self, rpc: str) -> None:
+        fault = self.faults.get(rpc)
+        if fault is None:
+            return
+        if fault.remaining is not None:
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                del self.faults[rpc]
+        if fault.mode == "fail":
+            raise SimFault(fault.message)
+        if fault.seconds is None:
+            await asyncio.Event().wait()  # until the RPC is cancelled (client deadline or plugin shutdown)
+        else:
+            await asyncio.sleep(fault.seconds)
+
+    async def allocate(self, device_ids: list[str]) -> Allocation:
+        self._record("Allocate", devices_ids=device_ids)
+        await self._fault("Allocate")
+        return Allocation(
+            envs={"SIM_DEVICES": ",".join(device_ids)},
+            devices=[DeviceSpec(f"/dev/{i}", "/dev/null", "rw") for i in device_ids],
+        )
+
+    async def get_preferred_allocation(self, available: list[str], must_include: list[str], size: int) -> list[str]:
+        entry = self._record(
+            "GetPreferredAllocation",
+            available_deviceIDs=available,
+            must_include_deviceIDs=must_include,
+            allocation_size=size,
+        )
+        await self._fault("GetPreferredAllocation")
+        entry["result"] = pack_on_numa(available, must_include, size, self.numa_of)
+        return list(entry["result"])
+
+    async def pre_start_container(self, device_ids: list[str]) -> None:
+        self._record("PreStartContainer", devices_ids=device_ids)
+        await self._fault("PreStartContainer")
+
+    # -- running ---------------------------------------------------------------------------------------------
+
+    async def _flap(self) -> None:
+        while True:
+            if self.flap_rate <= 0 or not self.health:
+                await asyncio.sleep(0.2)  # re-read the rate: the control endpoint may turn flapping on
+                continue
+            await asyncio.sleep(1 / self.flap_rate)
+            device_id = self._random.choice(list(self.health))
+            self.set_health({device_id: not self.health[device_id]})
+            self.flips += 1
+
+    async def serve(self, control: tuple[str, int] | None = None) -> None:
+        from deviceplane.plugin.sim_control import start_control  # aiohttp only when asked for
+
+        runner = await start_control(self, *control) if control else None
+        flapper = asyncio.create_task(self._flap())
+        try:
+            await self.plugin.serve()
+        finally:
+            flapper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await flapper
+            if runner is not None:
+                await runner.cleanup()
+
+
+async def main(args: argparse.Namespace) -> int:
+    sim = SimPlugin(
+        args.resource,
+        args.count,
+        args.numa,
+        preferred=not args.no_preferred_allocation,
+        pre_start=not args.no_pre_start,
+        flap_rate=args.flap_rate,
+        seed=args.seed,
+        plugin_dir=args.plugin_dir,
+        registry_dir=args.registry_dir,
+    )
+    await sim.serve(args.control)
+    return 0

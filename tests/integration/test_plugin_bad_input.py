@@ -1,0 +1,119 @@
+"""Bad input to the reference plugins: a clear one-line error and exit status 2, or correct handling."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.plugins import FakeKubelet, PluginProcess, run_plugin_cli, short_tmpdir, wait_until
+
+
+@pytest.fixture
+def tmp() -> AsyncIterator[Path]:
+    with short_tmpdir() as path:
+        yield path  # type: ignore[misc]
+
+
+def assert_usage_error(result, *fragments: str) -> None:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+def test_files_missing_dir(tmp):
+    result = run_plugin_cli("files", "--plugin-dir", str(tmp / "dp"), "--dir", str(tmp / "nope"))
+    assert_usage_error(result, f"deviceplane plugin files: error: --dir {tmp / 'nope'}: no such directory")
+    assert not (tmp / "dp").exists()  # refused before touching anything
+
+
+def test_files_dir_is_a_file(tmp):
+    (tmp / "f").write_text("")
+    result = run_plugin_cli("files", "--plugin-dir", str(tmp / "dp"), "--dir", str(tmp / "f"))
+    assert_usage_error(result, "not a directory")
+
+
+def test_files_requires_dir(tmp):
+    assert_usage_error(run_plugin_cli("files", "--plugin-dir", str(tmp)), "--dir")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--count", "-1"], "argument --count: must be >= 0, got -1"),
+        (["--count", "many"], "argument --count: not an integer: 'many'"),
+        (["--count", "100001"], "argument --count: must be <= 100000"),
+        (["--numa", "-2"], "argument --numa: must be >= 0"),
+        (["--flap-rate", "-1"], "argument --flap-rate: must be a finite number >= 0"),
+        (["--flap-rate", "nan"], "argument --flap-rate: must be a finite number >= 0"),
+        (["--control", "nowhere"], "argument --control: expected HOST:PORT"),
+        (["--control", "127.0.0.1:99999"], "argument --control: expected HOST:PORT"),
+    ],
+)
+def test_sim_bad_numbers(tmp, args, message):
+    assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(tmp), *args), message)
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [
+        "gpu",  # no domain
+        "kubernetes.io/gpu",  # reserved
+        "requests.example.com/gpu",  # quota prefix
+        "example.com/a/b",
+        "Example.com/gpu",  # DNS prefix is lowercase
+        "example.com/" + "x" * 64,
+        "example.com/-gpu",
+        "",
+    ],
+)
+@pytest.mark.parametrize("kind", ["sim", "files"])
+def test_invalid_resource_names(tmp, kind, resource):
+    extra = ["--dir", str(tmp)] if kind == "files" else []
+    result = run_plugin_cli(kind, "--plugin-dir", str(tmp / "dp"), *extra, "--resource", resource)
+    assert_usage_error(result, f"error: invalid resource name {resource!r}")
+    assert not (tmp / "dp").exists()
+
+
+def test_plugin_dir_is_a_file(tmp):
+    (tmp / "file").write_text("")
+    assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(tmp / "file")), f"{tmp / 'file'} is not a directory")
+
+
+def test_socket_path_too_long(tmp):
+    deep = tmp / ("d" * 100)
+    assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(deep)), "is longer than 107 bytes")
+
+
+def test_control_address_in_use(tmp):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_plugin_cli("sim", "--plugin-dir", str(tmp / "dp"), "--control", f"127.0.0.1:{port}")
+    assert_usage_error(result, f"cannot serve the control endpoint on 127.0.0.1:{port}")
+    assert not (tmp / "dp").exists() or list((tmp / "dp").iterdir()) == []  # nothing left behind
+
+
+def test_missing_plugin_name():
+    result = run_plugin_cli()
+    assert result.returncode == 2 and "PLUGIN" in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_sim_count_zero_registers_no_devices(tmp):
+    kubelet = await FakeKubelet(tmp / "dp").start()
+    proc = PluginProcess(tmp, "sim", "--plugin-dir", str(tmp / "dp"), "--count", "0", "--numa", "2",
+                         "--control", "127.0.0.1:0")  # fmt: skip
+    try:
+        connection = await wait_until(lambda: kubelet.latest("example.com/sim"), within=15, what="registration")
+        await wait_until(lambda: connection.snapshots, what="first snapshot")
+        assert connection.snapshots == [{}]
+        assert proc.control("GET", "/devices")["devices"] == []
+        assert proc.stop() == 0
+    finally:
+        proc.proc.kill()
+        proc.proc.wait()
+        await kubelet.stop()

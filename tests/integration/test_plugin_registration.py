@@ -1,0 +1,223 @@
+"""Registration both ways and staying registered, with the sim plugin as a real process and a kubelet stand-in."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from tests.support.plugins import FakeKubelet, FakePluginWatcher, PluginProcess, short_tmpdir, wait_until
+
+
+@pytest.fixture
+async def tmp() -> AsyncIterator[Path]:
+    with short_tmpdir() as path:
+        yield path
+
+
+@pytest.fixture
+async def kubelet(tmp: Path) -> AsyncIterator[FakeKubelet]:
+    fake = await FakeKubelet(tmp / "dp").start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+def processes() -> AsyncIterator[list[PluginProcess]]:
+    started: list[PluginProcess] = []
+    yield started  # type: ignore[misc]
+    for proc in started:
+        if proc.proc.poll() is None:
+            proc.proc.kill()
+            proc.proc.wait()
+
+
+def sim(processes: list[PluginProcess], tmp: Path, *args: str) -> PluginProcess:
+    proc = PluginProcess(tmp, "sim", "--plugin-dir", str(tmp / "dp"), "--control", "127.0.0.1:0", *args)
+    processes.append(proc)
+    return proc
+
+
+def plugin_sockets(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.is_socket() and p.name != "kubelet.sock")
+
+
+async def test_registers_with_kubelet_sock_after_serving(tmp, kubelet, processes):
+    proc = sim(processes, tmp, "--count", "4", "--numa", "2")
+    connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    request = kubelet.requests[-1]
+    assert request.version == "v1beta1"
+    # Relative endpoint: a bare file name next to kubelet.sock, and the plugin was already serving on it.
+    assert "/" not in request.endpoint and (tmp / "dp" / request.endpoint).is_socket()
+    assert request.endpoint == f"example.com_sim-{proc.proc.pid}.sock"
+    assert connection.options == pb.DevicePluginOptions(
+        pre_start_required=True, get_preferred_allocation_available=True
+    )
+    assert request.options == connection.options
+    snapshot = await wait_until(lambda: connection.latest, what="first snapshot")
+    assert snapshot == {
+        "sim-0": ("Healthy", (0,)),
+        "sim-1": ("Healthy", (0,)),
+        "sim-2": ("Healthy", (1,)),
+        "sim-3": ("Healthy", (1,)),
+    }
+    assert proc.stop() == 0
+    assert plugin_sockets(tmp / "dp") == []  # clean shutdown removes its socket
+
+
+async def test_options_follow_hooks(tmp, kubelet, processes):
+    sim(processes, tmp, "--no-pre-start", "--no-preferred-allocation")
+    connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    assert connection.options == pb.DevicePluginOptions()
+
+
+async def test_registers_through_plugins_registry(tmp, processes):
+    registry = tmp / "plugins_registry"
+    watcher = FakePluginWatcher(registry).start()
+    try:
+        proc = PluginProcess(tmp, "sim", "--registry-dir", str(registry), "--plugin-dir", str(tmp / "dp"),
+                             "--count", "2", "--control", "127.0.0.1:0")  # fmt: skip
+        processes.append(proc)
+        connection = await wait_until(lambda: watcher.connections and watcher.connections[-1], what="watcher")
+        info = next(iter(watcher.infos.values()))
+        assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
+            "DevicePlugin", "example.com/sim", "", ["v1beta1"]
+        )  # fmt: skip
+        # The socket lives in the registry dir; nothing goes to the device-plugin dir in this mode.
+        assert connection.socket.parent == registry
+        assert not (tmp / "dp").exists() or plugin_sockets(tmp / "dp") == []
+        assert await wait_until(lambda: connection.latest, what="snapshot") == {
+            "sim-0": ("Healthy", (0,)),
+            "sim-1": ("Healthy", (0,)),
+        }
+        # NotifyRegistrationStatus reached the plugin: it counts the registration.
+        await wait_until(lambda: proc.control("GET", "/devices")["registrations"] == 1, what="status notified")
+        assert proc.stop() == 0
+        assert plugin_sockets(registry) == []
+    finally:
+        await watcher.stop()
+
+
+async def test_rejected_plugin_watcher_registration_is_logged(tmp, processes):
+    registry = tmp / "plugins_registry"
+    watcher = FakePluginWatcher(registry, accept=False).start()
+    try:
+        proc = PluginProcess(tmp, "sim", "--registry-dir", str(registry), "--control", "127.0.0.1:0")
+        processes.append(proc)
+        await wait_until(lambda: "registration rejected: RegisterPlugin error -- rejected" in proc.stderr, what="log")
+        assert proc.control("GET", "/devices")["registrations"] == 0
+    finally:
+        await watcher.stop()
+
+
+async def test_waits_for_kubelet_sock_then_registers(tmp, processes):
+    proc = sim(processes, tmp)
+    await wait_until(lambda: "does not exist (yet)" in proc.stderr, what="first failed attempt")
+    await asyncio.sleep(1.5)  # let the retry backoff grow: registration must still be prompt once kubelet appears
+    fake = await FakeKubelet(tmp / "dp").start()
+    try:
+        started = time.monotonic()
+        await wait_until(lambda: fake.latest("example.com/sim"), within=2, what="registration")
+        assert time.monotonic() - started < 2
+        # One line per distinct problem, not one per retry (a second kind of failure may show while the stand-in
+        # binds kubelet.sock before it serves).
+        assert proc.stderr.count("registration failed") <= 2, proc.stderr
+    finally:
+        await fake.stop()
+
+
+async def kubelet_restart(tmp: Path, old: FakeKubelet) -> FakeKubelet:
+    """What a restarting kubelet does: stop, delete every socket in its directory, listen again (spec §4.2)."""
+    await old.stop()
+    for entry in (tmp / "dp").iterdir():
+        if entry.is_socket():
+            entry.unlink()
+    return await FakeKubelet(tmp / "dp").start()
+
+
+async def test_reregisters_within_2s_after_kubelet_restart(tmp, kubelet, processes):
+    proc = sim(processes, tmp)
+    await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    fake = kubelet
+    for _ in range(3):
+        fake = await kubelet_restart(tmp, fake)
+        started = time.monotonic()
+        connection = await wait_until(lambda f=fake: f.latest("example.com/sim"), within=2, what="re-registration")
+        assert time.monotonic() - started < 2
+        await wait_until(lambda c=connection: c.latest, within=2, what="snapshot after re-registration")
+        assert connection.socket.is_socket()  # the plugin serves again on a fresh socket
+    await fake.stop()
+    assert proc.proc.poll() is None
+
+
+async def test_reregisters_within_2s_when_kubelet_sock_recreated(tmp, kubelet, processes):
+    """Only kubelet.sock goes away and comes back; the plugin's own socket is untouched."""
+    sim(processes, tmp)
+    first = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    await kubelet.stop()
+    (tmp / "dp" / "kubelet.sock").unlink(missing_ok=True)
+    await asyncio.sleep(0.3)
+    fake = await FakeKubelet(tmp / "dp").start()
+    try:
+        started = time.monotonic()
+        again = await wait_until(lambda: fake.latest("example.com/sim"), within=2, what="re-registration")
+        assert time.monotonic() - started < 2
+        assert again.socket == first.socket
+    finally:
+        await fake.stop()
+
+
+async def test_serves_again_when_its_socket_is_deleted(tmp, kubelet, processes):
+    sim(processes, tmp)
+    first = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    first.socket.unlink()
+    started = time.monotonic()
+    await wait_until(lambda: len(kubelet.connections) == 2, within=2, what="re-registration")
+    assert time.monotonic() - started < 2
+    assert first.socket.is_socket()
+    second = kubelet.connections[-1]
+    assert await wait_until(lambda: second.latest, what="snapshot")
+
+
+async def test_no_fd_leak_across_restarts(tmp, kubelet, processes):
+    proc = sim(processes, tmp)
+    await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    fake = await kubelet_restart(tmp, kubelet)  # warm-up: first restart allocates lazily-created things
+    await wait_until(lambda: fake.latest("example.com/sim"), what="registration")
+    before = len(os.listdir(f"/proc/{proc.proc.pid}/fd"))
+    for _ in range(8):
+        fake = await kubelet_restart(tmp, fake)
+        await wait_until(lambda f=fake: f.latest("example.com/sim") and f.latest("example.com/sim").latest,
+                         what="re-registration")  # fmt: skip
+    await asyncio.sleep(0.5)
+    after = len(os.listdir(f"/proc/{proc.proc.pid}/fd"))
+    await fake.stop()
+    assert after <= before + 2, (before, after)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+async def test_signal_stops_cleanly_and_removes_socket(tmp, kubelet, processes, sig):
+    proc = sim(processes, tmp)
+    connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    await wait_until(lambda: connection.latest, what="stream open")
+    assert proc.stop(sig, timeout=5) == 0
+    assert not connection.socket.exists()
+    await wait_until(lambda: connection.stream_ended, within=2, what="stream ended")
+    assert "Traceback" not in proc.stderr
+
+
+async def test_allocate_on_removed_device_is_an_error(tmp, kubelet, processes):
+    sim(processes, tmp, "--count", "1")
+    connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim-7"])])
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await connection.stub.Allocate(request, timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNKNOWN
+    assert err.value.details() == "invalid allocation request with non-existing device sim-7"

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deviceplane.plugin.preferred import natural_key, pack_on_numa
+from deviceplane.plugin.sim import numa_layout
+
+NUMA = numa_layout(8, 2)  # sim-0..3 on node 0, sim-4..7 on node 1
+
+
+def test_layout_blocks():
+    assert numa_layout(8, 2) == {f"sim-{i}": (i // 4,) for i in range(8)}
+    assert numa_layout(5, 2) == {"sim-0": (0,), "sim-1": (0,), "sim-2": (0,), "sim-3": (1,), "sim-4": (1,)}
+    assert numa_layout(3, 0) == {"sim-0": (), "sim-1": (), "sim-2": ()}
+    assert numa_layout(0, 4) == {}
+
+
+def test_packs_on_node_with_most_available():
+    assert pack_on_numa(["sim-0", "sim-4", "sim-5", "sim-6"], [], 2, NUMA) == ["sim-4", "sim-5"]
+
+
+def test_ties_go_to_lowest_node_and_ids_in_natural_order():
+    layout = numa_layout(24, 2)
+    assert pack_on_numa(["sim-13", "sim-2", "sim-12", "sim-10"], [], 2, layout) == ["sim-2", "sim-10"]
+
+
+def test_must_include_first_even_across_nodes():
+    assert pack_on_numa(["sim-0", "sim-1", "sim-5"], ["sim-5"], 3, NUMA) == ["sim-5", "sim-0", "sim-1"]
+
+
+def test_spills_to_next_node_when_one_is_not_enough():
+    assert pack_on_numa(["sim-0", "sim-4", "sim-5"], [], 3, NUMA) == ["sim-4", "sim-5", "sim-0"]
+
+
+def test_size_not_above_must_include():
+    assert pack_on_numa(["sim-0", "sim-1"], ["sim-1", "sim-0"], 1, NUMA) == ["sim-1", "sim-0"]
+
+
+def test_natural_key():
+    assert sorted(["sim-10", "sim-2", "sim-1"], key=natural_key) == ["sim-1", "sim-2", "sim-10"]
+
+
+ids = st.lists(st.sampled_from(sorted(NUMA)), unique=True)
+
+
+@given(available=ids, data=st.data())
+def test_properties(available, data):
+    must = data.draw(st.lists(st.sampled_from(available), unique=True) if available else st.just([]))
+    size = data.draw(st.integers(min_value=len(must), max_value=len(available)))
+    result = pack_on_numa(available, must, size, NUMA)
+    assert len(result) == size and len(set(result)) == size
+    assert result[: len(must)] == must
+    assert set(result) <= set(available)
+    assert result == pack_on_numa(list(reversed(available)), must, size, NUMA)  # order of input does not matter
+    rest = result[len(must) :]
+    free = {node: [d for d in available if d not in must and NUMA[d][0] == node] for node in (0, 1)}
+    if rest and any(len(v) >= len(rest) for v in free.values()):
+        assert len({NUMA[d][0] for d in rest}) == 1  # packed on one node whenever one node can hold it
