@@ -7,6 +7,7 @@ SIGKILLs. `leftovers()` scans /proc for any live process in any group we ever st
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -124,8 +125,16 @@ class Procs:
             )
         proc = Proc(name, list(argv), popen, log, popen.pid)
         self.procs.append(proc)
+        if not self.all_pgids:
+            atexit.register(self._kill_all_groups)  # last resort if pytest dies without running teardown
         self.all_pgids.add(proc.pgid)
         return proc
+
+    def _kill_all_groups(self) -> None:
+        # Only groups that still have members: an empty group's id may since belong to someone else.
+        for pgid in {pg for _, pg, _ in processes_in_groups(self.all_pgids)}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
 
     def stop(self, proc: Proc, timeout: float = 10.0) -> None:
         """SIGTERM the process group, wait up to `timeout`, then SIGKILL it; reap the leader."""

@@ -53,7 +53,13 @@ if [ "$force" = 0 ] && [ -f "$out/stamp" ]; then
   exit 0
 fi
 
-command -v go >/dev/null || die "Go is not installed; install Go >= 1.26.0 (the e2e tests skip without these binaries)"
+if ! command -v go >/dev/null; then
+  if [ "${DEVICEPLANE_E2E:-}" = required ]; then
+    die "Go is not installed (DEVICEPLANE_E2E=required): install Go >= 1.26.0 with the module proxy"
+  fi
+  echo "k8s-bins: WARNING: Go is not installed; nothing built, the e2e tests will skip (install Go >= 1.26.0)" >&2
+  exit 0
+fi
 export GOTOOLCHAIN=local CGO_ENABLED=0
 # -mod=readonly: build exactly the checked-in go.mod/go.sum (no silent upgrades).
 export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=readonly -buildvcs=false"
@@ -131,5 +137,10 @@ fi
 rm -rf "$bin"
 mv "$tmp" "$bin"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$out/stamp"
+# Keep the cache bounded (~500 MB a build): this build plus the 2 most recently built others.
+ls -1dt "$cache_root"/v*-*/ 2>/dev/null | grep -vxF "$out/" | tail -n +3 | while read -r old; do
+  echo "k8s-bins: pruning old build ${old%/}"
+  rm -rf "${old%/}"
+done || true
 echo "k8s-bins: done in $(( $(date +%s) - t_all ))s -> $bin"
 sed 's/^/k8s-bins:   /' "$bin/VERSIONS"
