@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from deviceplane.agent.checkpoint_store import CheckpointStore
 from deviceplane.agent.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.plugin_client import PluginClient, PluginDialError
-from deviceplane.core.checkpoint import CheckpointData
+from deviceplane.core.checkpoint import CheckpointData, PodDevicesEntry
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
 from deviceplane.core.registry import AlreadyConnectedError, Capacity, Device, DeviceRegistry, SnapshotResult
 
@@ -49,6 +49,8 @@ class DeviceManager:
         self._connecting: set[ClientKey] = set()
         self.checkpoint = CheckpointWriter(store.write, self._checkpoint_data)
         self.observers: list[Callable[[DeviceEvent], None]] = []
+        # The allocations to checkpoint (set by the admission controller); a cheap list copy, taken on the loop.
+        self.pod_entries: Callable[[], list[PodDevicesEntry]] = list
         self.started_at = clock()
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
@@ -165,7 +167,8 @@ class DeviceManager:
 
     def _checkpoint_data(self) -> CheckpointData:
         # PodDeviceEntries stays nil (null) while nothing is allocated, exactly as the kubelet writes it.
-        return CheckpointData(PodDeviceEntries=None, RegisteredDevices=self.registry.registered_healthy())
+        entries = self.pod_entries()
+        return CheckpointData(PodDeviceEntries=entries or None, RegisteredDevices=self.registry.registered_healthy())
 
     def _notify(self, event: DeviceEvent) -> None:
         for observer in self.observers:
