@@ -106,13 +106,7 @@ class Agent:
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
 
-        server = grpc.aio.server()
-        pb_grpc.add_RegistrationServicer_to_server(
-            RegistrationServicer(self.manager, plugin_dir, self._count_attempt), server
-        )
-        server.add_insecure_port(f"unix://{self.registration_socket}")
-        await server.start()
-        self._grpc = server
+        await self._serve_registration()
 
         app = build_app(self.devices_json, self.pods_json, self.metrics.registry, self._health, self._readiness)
         self._http = await serve(app, self.config.http_addr)
@@ -128,10 +122,32 @@ class Agent:
             extra={"socket": str(self.registration_socket), "http": self.config.http_addr, "pid": os.getpid()},
         )
 
+    async def _serve_registration(self) -> None:
+        if self._grpc is not None:
+            await self._grpc.stop(grace=None)
+            self._grpc = None
+        server = grpc.aio.server()
+        servicer = RegistrationServicer(self.manager, self.config.plugin_dir, self._count_attempt)
+        pb_grpc.add_RegistrationServicer_to_server(servicer, server)
+        server.add_insecure_port(f"unix://{self.registration_socket}")
+        await server.start()
+        self._grpc = server
+
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
             self.manager.sweep()
+            if not self.registration_socket.exists():
+                # Someone removed kubelet.sock: serve again, so plugins watching for it re-register. (The kubelet
+                # would only fail its health check.) Connected plugins are unaffected.
+                log.warning(
+                    "registration socket disappeared; serving again", extra={"socket": str(self.registration_socket)}
+                )
+                try:
+                    self.config.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+                    await self._serve_registration()
+                except (OSError, RuntimeError) as err:
+                    log.error("cannot serve the registration socket: %s", err)
 
     async def stop(self) -> None:
         self._ready = False

@@ -19,9 +19,8 @@ StreamEndCallback = Callable[[str], Awaitable[None]]
 
 
 def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
-    return [
-        Device(d.ID, d.health, tuple(n.ID for n in d.topology.nodes) if d.HasField("topology") else ()) for d in devices
-    ]
+    # An unset topology reads as empty nodes: no HasField needed (this runs for every device of every message).
+    return [Device(d.ID, d.health, tuple([n.ID for n in d.topology.nodes])) for d in devices]
 
 
 class PluginDialError(Exception):

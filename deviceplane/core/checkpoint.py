@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, NoReturn, TypeVar
+from typing import Generic, NoReturn, TypeVar, cast
 
 from deviceplane.core.spew import spew_text
 
@@ -83,11 +83,23 @@ _FNV32_OFFSET_BASIS = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 
 
-def fnv1a_32(data: bytes) -> int:
+def fnv1a_32_pure(data: bytes) -> int:
     value = _FNV32_OFFSET_BASIS
     for byte in data:
         value = ((value ^ byte) * _FNV32_PRIME) & 0xFFFFFFFF
     return value
+
+
+def _compiled_fnv1a_32() -> Callable[[bytes], int]:
+    """The compiled implementation: ~100x faster, which matters for checkpoints of 100,000 devices (~1 MB)."""
+    try:
+        from fnv_hash_fast import fnv1a_32 as compiled
+    except ImportError:  # pragma: no cover - the dependency is declared; keep working without it
+        return fnv1a_32_pure
+    return cast(Callable[[bytes], int], compiled)
+
+
+fnv1a_32 = _compiled_fnv1a_32()
 
 
 def checksum(data: CheckpointData) -> int:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from deviceplane.core.constants import HEALTHY, NODE_WITHOUT_TOPOLOGY
 
 
-@dataclass(frozen=True, slots=True)
-class Device:
-    """One device as the plugin last reported it."""
+class Device(NamedTuple):
+    """One device as the plugin last reported it. A NamedTuple: snapshots carry thousands, built per message."""
 
     id: str
     health: str

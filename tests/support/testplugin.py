@@ -23,6 +23,7 @@ import sys
 from collections import Counter
 
 import grpc
+from google.protobuf import json_format
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -67,6 +68,8 @@ class Plugin(pb_grpc.DevicePluginServicer):
 
     async def Allocate(self, request, context):
         self.calls["Allocate"] += 1
+        if self.args.alloc_response:
+            return json_format.Parse(self.args.alloc_response, pb.AllocateResponse())
         responses = [
             pb.ContainerAllocateResponse(envs={"TEST_DEVICES": ",".join(r.devices_ids)})
             for r in request.container_requests
@@ -75,6 +78,8 @@ class Plugin(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(self, request, context):
         self.calls["GetPreferredAllocation"] += 1
+        if self.args.preferred_response:
+            return json_format.Parse(self.args.preferred_response, pb.PreferredAllocationResponse())
         return pb.PreferredAllocationResponse(
             container_responses=[
                 pb.ContainerPreferredAllocationResponse(deviceIDs=list(r.available_deviceIDs)[: r.allocation_size])
@@ -133,6 +138,8 @@ async def main() -> None:
     parser.add_argument("--pre-start", action="store_true")
     parser.add_argument("--preferred", action="store_true")
     parser.add_argument("--hang-options", action="store_true")
+    parser.add_argument("--alloc-response", default=None, help="fixed AllocateResponse (proto JSON)")
+    parser.add_argument("--preferred-response", default=None, help="fixed PreferredAllocationResponse (proto JSON)")
     parser.add_argument("--watcher-info", default=None, help="JSON PluginInfo: also serve pluginregistration")
     args = parser.parse_args()
 

@@ -358,3 +358,10 @@ def test_encoding_is_json_of_the_data(data: CheckpointData) -> None:
         assert written["DeviceIDs"] == expected_ids
         expected_resp = None if entry.AllocResp is None else base64.b64encode(entry.AllocResp).decode()
         assert written["AllocResp"] == expected_resp
+
+
+@given(st.binary(max_size=512))
+def test_compiled_fnv_matches_the_pure_implementation(blob: bytes) -> None:
+    from deviceplane.core.checkpoint import fnv1a_32, fnv1a_32_pure
+
+    assert fnv1a_32(blob) == fnv1a_32_pure(blob)
