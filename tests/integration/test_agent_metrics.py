@@ -1,0 +1,55 @@
+"""The agent's metrics: names and semantics, read at scrape time, and `promtool check metrics` clean."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+
+import pytest
+
+from tests.support.procs import AgentProcess, TestPlugin, wait_for
+
+R = "example.com/gpu"
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("DEVICEPLANE_E2E") == "required":
+            pytest.fail("promtool missing: run `make promtool`")
+        pytest.skip("promtool missing: run `make promtool`")
+    return path
+
+
+def test_device_metrics_follow_state(agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]) -> None:
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", [["g0", "Healthy"], ["g1", "Healthy"], ["g2", "Unhealthy"]])
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (3, 2))
+    assert agent.metric("deviceplane_device_plugin_registration_total", resource_name=R) == 1.0
+    assert agent.metric("deviceplane_device_health", node="test-node", resource_name=R, device_id="g0") == 1.0
+    assert agent.metric("deviceplane_device_health", resource_name=R, device_id="g2") == 0.0
+    assert agent.metric("deviceplane_devices", resource_name=R, state="healthy") == 2.0
+    assert agent.metric("deviceplane_devices", resource_name=R, state="unhealthy") == 1.0
+    assert agent.metric("deviceplane_devices", resource_name=R, state="allocated") == 0.0
+    assert agent.metric("deviceplane_plugin_connected", resource_name=R) == 1.0
+
+    # A device that disappears takes its series with it (no stale gauge).
+    plugin.devices([["g0", "Unhealthy"], ["g1", "Healthy"]])
+    wait_for(lambda: agent.counts(R) == (2, 1))
+    assert agent.metric("deviceplane_device_health", resource_name=R, device_id="g2") is None
+    assert agent.metric("deviceplane_device_health", resource_name=R, device_id="g0") == 0.0
+    assert agent.metric("deviceplane_device_health_transitions_total", resource_name=R, device_id="g0") == 1.0
+
+
+def test_promtool_check_metrics(agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]) -> None:
+    tool = promtool()
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", [["g0", "Healthy"]])
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (1, 1))
+    exposition = agent.get_text("/metrics")
+    assert "deviceplane_device_plugin_registration_total" in exposition
+    result = subprocess.run([tool, "check", "metrics"], input=exposition, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
