@@ -1,0 +1,101 @@
+"""Durable allocations: the journal for each change, the kubelet-format checkpoint in the background.
+
+An admission is durable once its journal records are fdatasync'd (one small append, group-committed). The
+kubelet-format checkpoint `kubelet_internal_checkpoint` is rewritten in the background, coalesced and paced by its
+own cost, so its O(pods) rewrite never sits on an admission's path; after each such rewrite the journal segments it
+covers are deleted. At start: the checkpoint, then every remaining journal segment replayed on top (idempotent).
+
+The checkpoint file is always a complete, valid kubelet checkpoint (atomic rename); it may lag the journal by one
+pacing interval, which only matters to a reader that ignores the journal (a kubelet taking over the directory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+from deviceplane.agent.journal import Journal, alloc_record, release_record
+from deviceplane.agent.manager import DeviceManager
+from deviceplane.core.checkpoint import CheckpointData
+from deviceplane.core.pod_devices import Allocation, PodDevices
+
+log = logging.getLogger("deviceplane.durability")
+
+# The background checkpoint runs at most this often, and never more than 1/PACING of the time.
+MIN_CHECKPOINT_INTERVAL_SECONDS = 1.0
+CHECKPOINT_PACING = 10.0
+
+
+class AllocationStore:
+    def __init__(
+        self, manager: DeviceManager, pod_devices: PodDevices, directory: Path, min_interval: float | None = None
+    ) -> None:
+        self.manager = manager
+        self.pod_devices = pod_devices
+        self.journal = Journal(directory)
+        self.min_interval = MIN_CHECKPOINT_INTERVAL_SECONDS if min_interval is None else min_interval
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.checkpoints = 0
+        self.last_checkpoint_seconds = 0.0
+        manager.pod_entries = pod_devices.entries
+
+    def restore(self, data: CheckpointData | None) -> tuple[int, int]:
+        """Checkpoint entries, then the journal on top; returns (entries loaded, journal records applied). Blocking."""
+        loaded = 0
+        if data is not None and data.PodDeviceEntries:
+            skipped = self.pod_devices.load(data.PodDeviceEntries)
+            loaded = len(data.PodDeviceEntries) - skipped
+        applied = self.journal.replay(self.pod_devices)
+        self.journal.open()
+        return loaded, applied
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="checkpoint-pacer")
+        self._dirty.set()  # fold the replayed journal into a fresh checkpoint at once
+
+    # -- changes -------------------------------------------------------------------------------------------------------
+
+    def allocated(self, allocation: Allocation) -> asyncio.Future[None]:
+        """Call right after the allocation is applied to PodDevices (same loop step): the order must match."""
+        self._dirty.set()
+        return self.journal.append(alloc_record(allocation))
+
+    def released(self, pod_uid: str) -> asyncio.Future[None]:
+        self._dirty.set()
+        return self.journal.append(release_record(pod_uid))
+
+    # -- background checkpoint -----------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            started = time.monotonic()
+            try:
+                await self.checkpoint_now()
+            except Exception as err:  # logged by the writer too; the journal still holds everything
+                log.warning("background checkpoint failed: %s", err)
+            cost = time.monotonic() - started
+            self.last_checkpoint_seconds = cost
+            await asyncio.sleep(max(self.min_interval, cost * CHECKPOINT_PACING))
+
+    async def checkpoint_now(self) -> None:
+        """Write a checkpoint covering every change so far, then drop the journal segments it covers."""
+        covered = self.journal.rotate()
+        await self.manager.checkpoint.request()
+        await self.journal.wait_closed(covered)
+        await asyncio.to_thread(self.journal.delete_upto, covered)
+        self.checkpoints += 1
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        try:
+            await self.checkpoint_now()
+        except Exception as err:
+            log.warning("final checkpoint failed: %s", err)
+        await self.journal.close()

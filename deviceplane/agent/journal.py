@@ -1,0 +1,304 @@
+"""The allocation journal: what makes an admission durable in one small append + fdatasync.
+
+The kubelet rewrites its whole checkpoint after every allocation, O(pods) per admission. Here every change of
+`PodDevices` is also appended, in the order it was applied, to a journal segment next to the checkpoint:
+
+    <dir>/deviceplane_allocations.<seq>.journal     one record per line: "<crc32 hex> <json>\\n"
+
+    {"op": "alloc", "pod": uid, "ctr": name, "res": resource, "numa": {"0": [ids], "-1": [ids]}, "resp": base64}
+    {"op": "release", "pod": uid}
+
+Records are idempotent (alloc sets one entry, release drops a pod), so replaying a segment over a checkpoint that
+already contains part of it gives the same state. Appends are group-committed: every record buffered while one
+fdatasync runs shares the next. Segments are pre-filled with zeros so an append never grows the file and
+fdatasync has no metadata to flush; a replay stops at the first line that is not a valid record (the zeros, or a
+torn write at a crash).
+
+Rotation keeps the journal short: `rotate()` switches new records to a fresh segment at a point where the
+in-memory state already reflects every record before it; once a kubelet-format checkpoint requested after that
+point is durable, the older segments are deleted (see agent.durability).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import os
+import re
+import threading
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
+
+log = logging.getLogger("deviceplane.journal")
+
+SEGMENT_PREFIX = "deviceplane_allocations."
+SEGMENT_SUFFIX = ".journal"
+SEGMENT_BYTES = 1 << 20
+_SEGMENT_NAME = re.compile(re.escape(SEGMENT_PREFIX) + r"(\d+)" + re.escape(SEGMENT_SUFFIX))
+
+
+def segment_path(directory: Path, seq: int) -> Path:
+    return directory / f"{SEGMENT_PREFIX}{seq:012d}{SEGMENT_SUFFIX}"
+
+
+def list_segments(directory: Path) -> list[tuple[int, Path]]:
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.listdir(directory):
+            match = _SEGMENT_NAME.fullmatch(entry)
+            if match:
+                found.append((int(match.group(1)), directory / entry))
+    return sorted(found)
+
+
+def alloc_record(allocation: Allocation) -> dict[str, Any]:
+    return {
+        "op": "alloc",
+        "pod": allocation.pod_uid,
+        "ctr": allocation.container,
+        "res": allocation.resource,
+        "numa": {str(numa): list(ids) for numa, ids in allocation.per_numa.items()},
+        "resp": base64.b64encode(allocation.entry.AllocResp or b"").decode("ascii"),
+    }
+
+
+def release_record(pod_uid: str) -> dict[str, Any]:
+    return {"op": "release", "pod": pod_uid}
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    body = json.dumps(record, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    """Valid records of a segment, in order, up to the first line that is not one (zeros or a torn tail)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return
+    for line in data.split(b"\n"):
+        if len(line) < 10 or line[8:9] != b" ":
+            return
+        body = line[9:]
+        try:
+            if int(line[:8], 16) != zlib.crc32(body):
+                return
+            record = json.loads(body)
+        except ValueError:
+            return
+        if not isinstance(record, dict):
+            return
+        yield record
+
+
+def apply_record(pod_devices: PodDevices, record: dict[str, Any]) -> bool:
+    """Replay one record; False for one that cannot be applied (ignored, as upstream skips bad entries)."""
+    try:
+        if record["op"] == "release":
+            pod_devices.remove_pod(str(record["pod"]))
+            return True
+        if record["op"] == "alloc":
+            response = pb.ContainerAllocateResponse()
+            response.ParseFromString(base64.b64decode(record["resp"]))
+            per_numa = {int(numa): tuple(map(str, ids)) for numa, ids in sorted(record["numa"].items())}
+            pod_devices.insert(
+                make_allocation(str(record["pod"]), str(record["ctr"]), str(record["res"]), per_numa, response)
+            )
+            return True
+    except (KeyError, ValueError, TypeError, AttributeError) as err:
+        log.warning("journal record skipped", extra={"error": str(err)})
+    return False
+
+
+@dataclass(slots=True)
+class _Pending:
+    data: bytearray
+    waiters: list[asyncio.Future[None]]
+
+
+class Journal:
+    """Appends on the event loop (buffered, ordered), writes and fdatasyncs in a worker thread."""
+
+    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self._seq = 0
+        self._fd: int | None = None
+        self._offset = 0
+        # Buffered records per segment, in order; a rotation starts a new entry.
+        self._queue: list[tuple[int, _Pending]] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._closed_upto = -1  # segments with a lower or equal seq are closed (fully written)
+        self._closed_event = asyncio.Event()
+        # The next segment, zero-filled ahead of time so a rotation does not stall appends behind a 1 MB write.
+        self._spare: tuple[int, int] | None = None
+        self._spare_lock = threading.Lock()
+        self._spare_task: asyncio.Task[None] | None = None
+        self.syncs = 0
+
+    # -- start ---------------------------------------------------------------------------------------------------------
+
+    def replay(self, pod_devices: PodDevices) -> int:
+        """Apply every existing segment, oldest first; returns the number of records applied. Blocking."""
+        applied = 0
+        segments = list_segments(self.directory)
+        for _seq, path in segments:
+            for record in read_records(path):
+                applied += apply_record(pod_devices, record)
+        self._seq = segments[-1][0] if segments else 0
+        return applied
+
+    def open(self) -> None:
+        """Start a fresh segment after the replayed ones. Blocking."""
+        self._seq += 1
+        self._fd = self._create_segment(self._seq)
+        self._offset = 0
+        self._closed_upto = self._seq - 1
+        self._prepare_spare(self._seq + 1)
+
+    def _create_segment(self, seq: int) -> int:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = segment_path(self.directory, seq)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Real zeros, not fallocate: unwritten extents would make every fdatasync flush metadata.
+        chunk = bytes(min(self.segment_bytes, 1 << 20))
+        for _ in range(max(1, self.segment_bytes // len(chunk))):
+            os.write(fd, chunk)
+        os.fsync(fd)
+        dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return fd
+
+    # -- appends -------------------------------------------------------------------------------------------------------
+
+    @property
+    def segment(self) -> int:
+        """The segment new records go to."""
+        return self._queue[-1][0] if self._queue else self._seq
+
+    def append(self, record: dict[str, Any]) -> asyncio.Future[None]:
+        """Buffer a record (in call order) and return a future resolved once it is durable."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        seq = self.segment
+        if not self._queue or self._queue[-1][0] != seq:
+            self._queue.append((seq, _Pending(bytearray(), [])))
+        pending = self._queue[-1][1]
+        pending.data += encode_record(record)
+        pending.waiters.append(future)
+        self._kick()
+        return future
+
+    def rotate(self) -> int:
+        """Send later records to a new segment; returns the last segment whose records all precede this point."""
+        current = self.segment
+        self._queue.append((current + 1, _Pending(bytearray(), [])))
+        self._kick()
+        return current
+
+    async def wait_closed(self, seq: int) -> None:
+        """Until every record of segments <= seq is written and its segment closed."""
+        while self._closed_upto < seq:
+            self._closed_event.clear()
+            self._kick()
+            await self._closed_event.wait()
+
+    def delete_upto(self, seq: int) -> None:
+        """Remove closed segments <= seq (a durable checkpoint covers them). Blocking."""
+        for number, path in list_segments(self.directory):
+            if number <= min(seq, self._closed_upto):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
+    def _kick(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="journal-flush")
+
+    async def _flush(self) -> None:
+        while self._queue:
+            seq, pending = self._queue.pop(0)
+            try:
+                if seq != self._seq:
+                    await asyncio.to_thread(self._switch, seq)
+                    self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare, seq + 1))
+                if pending.data:
+                    await asyncio.to_thread(self._write, bytes(pending.data))
+                    self.syncs += 1
+            except OSError as err:
+                log.error("journal write failed: %s", err)
+                for waiter in pending.waiters:
+                    if not waiter.done():
+                        waiter.set_exception(err)
+                        waiter.exception()
+                continue
+            for waiter in pending.waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+        self._closed_event.set()
+
+    def _prepare_spare(self, seq: int) -> None:
+        with self._spare_lock:
+            if self._spare is None or self._spare[0] < seq:
+                if self._spare is not None:
+                    os.close(self._spare[1])
+                    with contextlib.suppress(FileNotFoundError):
+                        segment_path(self.directory, self._spare[0]).unlink()
+                self._spare = (seq, self._create_segment(seq))
+
+    def _take_segment(self, seq: int) -> int:
+        with self._spare_lock:
+            if self._spare is not None and self._spare[0] == seq:
+                fd = self._spare[1]
+                self._spare = None
+                return fd
+        return self._create_segment(seq)
+
+    def _switch(self, seq: int) -> None:
+        fd = self._take_segment(seq)
+        old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
+        self._closed_upto = seq - 1
+        self._seq = seq
+        self._offset = 0
+
+    def _write(self, data: bytes) -> None:
+        if self._fd is None:
+            raise OSError("journal is not open")
+        if self._offset + len(data) > self.segment_bytes:
+            # Full: continue in the next segment. Its records are still ordered after this one's.
+            self._switch(self._seq + 1)
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(self._fd, view, self._offset)
+            self._offset += written
+            view = view[written:]
+        os.fdatasync(self._fd)
+
+    async def close(self) -> None:
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        if self._spare_task is not None:
+            await asyncio.gather(self._spare_task, return_exceptions=True)
+        with self._spare_lock:
+            if self._spare is not None:
+                # An unused spare holds no records; removing it keeps the directory tidy.
+                os.close(self._spare[1])
+                with contextlib.suppress(FileNotFoundError):
+                    segment_path(self.directory, self._spare[0]).unlink()
+                self._spare = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
