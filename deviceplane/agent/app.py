@@ -17,6 +17,8 @@ import grpc
 from aiohttp import web
 
 from deviceplane import __version__
+from deviceplane.agent.admission import ALLOCATE_TIMEOUT_SECONDS, STARTUP_PLUGIN_WAIT_SECONDS
+from deviceplane.agent.allocation_service import AllocationService
 from deviceplane.agent.checkpoint_store import CheckpointStore
 from deviceplane.agent.http_api import build_app, serve
 from deviceplane.agent.manager import DeviceManager
@@ -50,6 +52,8 @@ class AgentConfig:
     standalone: bool = True
     kubeconfig: Path | None = None
     dial_timeout: float = DIAL_TIMEOUT_SECONDS
+    allocate_timeout: float = ALLOCATE_TIMEOUT_SECONDS
+    startup_plugin_wait: float = STARTUP_PLUGIN_WAIT_SECONDS
 
 
 class Agent:
@@ -57,7 +61,19 @@ class Agent:
         self.config = config
         self.store = CheckpointStore(config.plugin_dir)
         self.manager = DeviceManager(self.store, config.grace_period, config.dial_timeout)
-        self.metrics = AgentMetrics(self.manager, config.node_name)
+        self.allocation = AllocationService(
+            self.manager,
+            config.plugin_dir,
+            config.node_name,
+            config.pod_resources_socket,
+            config.pod_manifest_dir,
+            config.topology_policy,
+            config.numa_nodes,
+            config.allocate_timeout,
+            config.startup_plugin_wait,
+        )
+        self.metrics = AgentMetrics(self.manager, config.node_name, self.allocation.allocated)
+        self.allocation.attach_metrics(self.metrics)
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -74,13 +90,14 @@ class Agent:
             self.manager.registry,
             self.manager.sweep(),
             AgentView(version=__version__, node=self.config.node_name, lastHeartbeatTime=rfc3339(time.time())),
+            holders=self.allocation.holders(),
             device_limit=limit,
             resource_filter=(lambda name: name == wanted) if wanted else None,
         )
         return status.model_dump(mode="json")
 
     def pods_json(self, _request: web.Request | None = None) -> Any:
-        return []
+        return self.allocation.pods_json()
 
     def _health(self) -> str | None:
         if self._grpc is None or not self.registration_socket.exists():
@@ -102,6 +119,7 @@ class Agent:
         restored = self.manager.restore()
         if restored is not None:
             log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices or {})})
+        self.allocation.restore(restored)
         removed = cleanup_plugin_dir(plugin_dir)
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
@@ -116,6 +134,7 @@ class Agent:
             watching = asyncio.Event()
             self._tasks.append(asyncio.create_task(watcher.run(watching), name="plugin-watcher"))
             await watching.wait()
+        await self.allocation.start()
         self._ready = True
         log.info(
             "agent started",
@@ -158,6 +177,7 @@ class Agent:
         if self._grpc is not None:
             await self._grpc.stop(grace=1)
             self._grpc = None
+        await self.allocation.stop()
         await self.manager.stop()
         if self._http is not None:
             await self._http.cleanup()

@@ -65,6 +65,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="dial + GetDevicePluginOptions deadline during registration [10s, as the kubelet]",
     )
+    parser.add_argument(
+        "--allocate-timeout",
+        type=duration,
+        default=10.0,
+        help="deadline of each Allocate / GetPreferredAllocation RPC [10s; the kubelet has none]",
+    )
+    parser.add_argument(
+        "--startup-plugin-wait",
+        type=duration,
+        default=10.0,
+        help="after start, how long an admission waits for its resources' plugins to register [10s]",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 
@@ -88,5 +100,7 @@ def run(args: argparse.Namespace) -> int:
         standalone=args.standalone or args.kubeconfig is None,
         kubeconfig=args.kubeconfig,
         dial_timeout=args.plugin_dial_timeout,
+        allocate_timeout=args.allocate_timeout,
+        startup_plugin_wait=args.startup_plugin_wait,
     )
     return asyncio.run(run_agent(config))
