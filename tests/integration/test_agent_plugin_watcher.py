@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -116,3 +117,18 @@ def test_rejections_are_notified(
     assert got[0]["registered"] is False
     assert str(got[0]["error"]).startswith(expected.format(socket=registry_dir / "bad.sock"))
     assert watching_agent.resources() == {}
+
+
+def test_repeated_events_connect_once(
+    watching_agent: AgentProcess, registry_dir: Path, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """§6.5 TestDuplicateRegistration: unrelated directory events do not reconnect a registered plugin."""
+    plugin = probe_plugin(plugin_factory, registry_dir, "p.sock", TWO)
+    wait_for(lambda: watching_agent.counts(R) == (2, 2))
+    for i in range(5):
+        (registry_dir / f"noise-{i}.txt").write_text("x")
+    wait_for(lambda: plugin.send(cmd="calls")["calls"].get("ListAndWatch") == 1)
+    time.sleep(0.5)  # give any (wrong) re-registration time to happen before counting
+    calls = plugin.send(cmd="calls")["calls"]
+    assert calls["GetDevicePluginOptions"] == 1 and calls["ListAndWatch"] == 1
+    assert notifications(plugin) == [{"registered": True, "error": ""}]
