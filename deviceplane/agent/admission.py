@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -104,6 +105,7 @@ class AdmissionController:
         self.started_at = clock()
         self.records: dict[str, PodRecord] = {}  # by pod UID
         self.by_key: dict[tuple[str, str], str] = {}  # (source, key) -> UID
+        self.by_name: dict[str, str] = {}  # namespace/name -> UID
         self.errors: dict[tuple[str, str], SourceError] = {}
         self.sources: set[str] = set()
         self.synced_sources: set[str] = set()
@@ -150,19 +152,21 @@ class AdmissionController:
         if record is not None and (record.source, record.key) != (source, key):
             self.pod_error(source, key, f"pod UID {pod.uid} is already used by {record.source}:{record.key}")
             return
-        for other in self.records.values():
-            if other.pod.uid != pod.uid and other.pod.key == pod.key and other.state != TERMINATED:
-                self.pod_error(source, key, f"pod {pod.key} is already defined by {other.source}:{other.key}")
-                return
+        other_uid = self.by_name.get(pod.key)
+        if other_uid is not None and other_uid != pod.uid:
+            other = self.records[other_uid]
+            self.pod_error(source, key, f"pod {pod.key} is already defined by {other.source}:{other.key}")
+            return
         self.by_key[(source, key)] = pod.uid
         if record is not None:
-            # Same pod, updated: the spec's device requests are immutable; the phase may move on.
-            record.pod = pod
+            # Same pod, updated: a pod's spec is immutable (as the API server enforces), only its phase moves on.
+            record.pod = dataclasses.replace(record.pod, phase=pod.phase)
             if pod.terminal:
                 self._terminate(record, f"pod phase {pod.phase}")
             return
         record = PodRecord(pod, source, key)
         self.records[pod.uid] = record
+        self.by_name[pod.key] = pod.uid
         if pod.terminal:
             record.state = TERMINATED
             record.reason = f"pod phase {pod.phase}"
@@ -186,6 +190,8 @@ class AdmissionController:
         record = self.records.pop(uid, None)
         if record is None:
             return
+        if self.by_name.get(record.pod.key) == uid:
+            del self.by_name[record.pod.key]
         if record.task is not None and not record.task.done():
             record.task.cancel()  # its own cleanup releases what it took
         self._release_when_synced(uid)

@@ -232,6 +232,7 @@ class Journal:
             try:
                 if seq != self._seq:
                     await asyncio.to_thread(self._switch, seq)
+                    self._closed_event.set()  # a rotation waiting for the older segment may go on
                     self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare, seq + 1))
                 if pending.data:
                     await asyncio.to_thread(self._write, bytes(pending.data))

@@ -15,7 +15,7 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.allocator import AllocationError, Allocator, AskPreferred, Chosen, ReusePool, check_restored
 from deviceplane.core.pod_devices import devices_per_numa, make_allocation
 from deviceplane.core.pods import Container, Pod
-from deviceplane.core.topology import TopologyHint, merge_hints, rejection_reason, resource_hints
+from deviceplane.core.topology import POLICY_NONE, TopologyHint, merge_hints, rejection_reason, resource_hints
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +50,8 @@ def container_affinity(
     allocator: Allocator, pod: Pod, container: Container, reuse: ReusePool, policy: str, numa: Sequence[int]
 ) -> TopologyHint:
     """The topology manager's decision for one container, from the device manager's hints (spec §4.12)."""
+    if policy == POLICY_NONE or not numa:
+        return TopologyHint(None, True)  # upstream admitPolicyNone: no hint provider is asked
     hints: dict[str, list[TopologyHint] | None] = {}
     for resource, count in container.limits:
         if count == 0 or not allocator.is_device_plugin_resource(resource):

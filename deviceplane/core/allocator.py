@@ -232,8 +232,9 @@ class Allocator:
         taker = _Taker(needed)
         if taker.take(reusable):
             return Chosen(tuple(taker.chosen))
-        allocated = self.allocated(resource)
-        available = {d for d in healthy if d not in allocated and d not in taker.taken}
+        unavailable = self.allocated(resource)
+        unavailable |= taker.taken
+        available = healthy - unavailable
         if len(available) < taker.needed:
             raise AllocationError(
                 f"requested number of devices unavailable for {resource}. "
@@ -250,8 +251,8 @@ class Allocator:
         def ask(pool: Collection[str]) -> AskPreferred | None:
             if preferred is not None or not offers_preferred:
                 return None
-            must_include = natural_sorted(taker.taken)
-            return AskPreferred(tuple(natural_sorted(set(pool) | taker.taken)), tuple(must_include), required)
+            # Plain string order: the plugin gets a set (Go map order upstream); sorting naturally costs too much here.
+            return AskPreferred(tuple(sorted(set(pool) | taker.taken)), tuple(sorted(taker.taken)), required)
 
         answer = set(preferred or ())
         if taker.needed < len(aligned):
