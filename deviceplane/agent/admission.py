@@ -35,7 +35,7 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, PreferredCall, admit_pod, pre_start_calls
 from deviceplane.core.allocator import AllocationError, Allocator
 from deviceplane.core.constants import PRE_START_TIMEOUT_SECONDS
-from deviceplane.core.pod_devices import PodDevices
+from deviceplane.core.pod_devices import Allocation, PodDevices
 from deviceplane.core.pods import Pod
 
 log = logging.getLogger("deviceplane.admission")
@@ -384,6 +384,29 @@ class AdmissionController:
                 out[key] = ("", uid, container)  # restored, not (yet) known to any source
         return out
 
+    def _resource_status(self, held: dict[str, Allocation]) -> list[dict[str, Any]]:
+        """Per resource, each device's health as its plugin last reported it; unknown devices count as Healthy
+        (spec §8: the device manager never reports Unknown)."""
+        out = []
+        for resource, allocation in sorted(held.items()):
+            state = self.manager.registry.resources.get(resource)
+            devices = state.all_devices if state is not None else {}
+            out.append(
+                {
+                    "name": resource,
+                    "resources": [
+                        {
+                            "resourceID": device_id,
+                            "health": "Unhealthy"
+                            if device_id in devices and not devices[device_id].is_healthy
+                            else "Healthy",
+                        }
+                        for device_id in sorted(allocation.device_ids)
+                    ],
+                }
+            )
+        return out
+
     def pods_json(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for record in sorted(self.records.values(), key=lambda r: (r.pod.namespace, r.pod.name)):
@@ -398,6 +421,8 @@ class AdmissionController:
                         "type": container.kind,
                         "devices": {r: sorted(a.device_ids) for r, a in held.items()},
                         "runOptions": options.to_json() if options is not None else None,
+                        # KEP-4680 allocatedResourcesStatus: app containers only, as the kubelet fills it
+                        "allocatedResourcesStatus": None if container.init else self._resource_status(held),
                     }
                 )
             out.append(

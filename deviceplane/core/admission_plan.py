@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.allocator import AllocationError, Allocator, AskPreferred, Chosen, ReusePool, check_restored
+from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.pod_devices import devices_per_numa, make_allocation
 from deviceplane.core.pods import Container, Pod
 from deviceplane.core.topology import POLICY_NONE, TopologyHint, merge_hints, rejection_reason, resource_hints
@@ -71,6 +72,11 @@ def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequen
     containers = [(c.name, c.limit_map) for c in pod.all_containers]
     if check_restored(allocator.pod_devices, pod.uid, containers):
         return PodOutcome(restored=True, hints={})
+    for resource, count in pod.device_requests().items():
+        # The kubelet skips resources no plugin serves and leaves them to its node-allocatable predicate; without a
+        # kubelet this is the only check, so such a pod is refused here, with the device manager's own message.
+        if count > 0 and is_extended_resource_name(resource) and not allocator.is_device_plugin_resource(resource):
+            raise AllocationError(f"cannot allocate unregistered device {resource}", "unregistered")
     reuse = ReusePool()
     chosen_hints: dict[str, TopologyHint] = {}
     for container in pod.all_containers:

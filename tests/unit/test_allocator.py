@@ -204,11 +204,13 @@ def test_zero_request_skips_allocate_but_still_checks_health() -> None:
     assert log == []
 
 
-def test_non_device_plugin_resources_are_skipped() -> None:
+def test_resources_no_plugin_serves_are_refused_without_any_rpc() -> None:
     alloc = allocator_with({R1: [("a", "Healthy")]})
     log: list[object] = []
-    drive(alloc, pod("p", ctr("c", {"other.com/thing": 1, R1: 1})), log=log)
-    assert [s.resource for s in log if isinstance(s, AllocateCall)] == [R1]
+    with pytest.raises(AllocationError, match=r"^cannot allocate unregistered device other\.com/thing$"):
+        drive(alloc, pod("p", ctr("c", {R1: 1, "other.com/thing": 1})), log=log)
+    assert log == [] and alloc.allocated(R1) == set()
+    drive(alloc, pod("q", ctr("c", {R1: 1, "other.com/thing": 0})))  # a zero request asks for nothing
 
 
 def test_numa_aligned_allocation_with_restricted_policy() -> None:
