@@ -93,15 +93,6 @@ def test_sample_plugin_allocation_through_agent_static_pod(deviceplane_agent, sa
         p = _find_pod(agent.pods(), "sample-user")
         return p is not None and p.get("admitted") is True
 
-    def listed() -> bool:
-        return _find_pod(agent.pods(), "sample-user") is not None
-
-    try:
-        wait_for("the static pod listed in /api/v1/pods", listed, procs=[agent.proc, plugin], timeout=30)
-    except TimeoutError:
-        # Static-pod admission is issue 4's (agent core II). Until the agent lists pods from --pod-manifest-dir at
-        # all, this is not a regression but an absent feature; once it lists them, everything below is enforced.
-        pytest.skip("the agent does not list static pods from --pod-manifest-dir yet (allocation: issue 4)")
     wait_for("the static pod admitted by the agent", admitted, procs=[agent.proc, plugin], timeout=60)
     entry = _find_pod(agent.pods(), "sample-user")
     assert entry is not None
@@ -111,7 +102,86 @@ def test_sample_plugin_allocation_through_agent_static_pod(deviceplane_agent, sa
     # The sample plugin (re)creates /tmp/<id> inside its Allocate: proof the real plugin answered.
     marker = Path("/tmp") / ids[0]
     assert marker.exists() and marker.stat().st_mtime >= started - 1, f"{marker} was not (re)created by Allocate"
-    # Where the agent reports the run options, the plugin's own response must be in them: mount /tmp/<id>.
-    text = json.dumps(entry)
-    if "mounts" in text:
-        assert f"/tmp/{ids[0]}" in text, entry
+    # The plugin's own Allocate response reaches the container's run options: exactly a mount of /tmp/<id>.
+    assert "runOptions" in app, f"no runOptions in /api/v1/pods: {entry}"
+    mounts = [(m["containerPath"], m["hostPath"]) for m in app["runOptions"]["mounts"]]
+    assert mounts == [(f"/tmp/{ids[0]}", f"/tmp/{ids[0]}")], entry
+
+    # Removing the file ends the pod and frees its device.
+    (manifests / "sample-user.json").unlink()
+    wait_for(
+        "the device freed after the manifest is removed",
+        lambda: (agent.resource("example.com/resource") or {}).get("allocated") == 0,
+        procs=[agent.proc, plugin],
+        timeout=60,
+    )
+
+
+def test_agent_and_kubelet_agree_on_sample_plugin_allocation(
+    deviceplane_agent, kubelet_harness, sample_device_plugin, short_tmp
+) -> None:
+    """The same pods, side by side: our agent and the kubelet's real device manager, each with a sample plugin."""
+    manifests = short_tmp("dp-manifests")
+    agent = deviceplane_agent(pod_manifest_dir=manifests)
+    agent_plugin = sample_device_plugin(agent.plugin_dir)
+    h = kubelet_harness(short_tmp("kh"))
+    kubelet_plugin = sample_device_plugin(h.socket_dir)
+    procs = [agent.proc, agent_plugin, h.proc, kubelet_plugin]
+    wait_for("agent registration", _resource_with(agent, "example.com/resource", 2), procs=procs)
+    wait_for("kubelet registration", lambda: h.capacity()["allocatable"].get("example.com/resource") == 2, procs=procs)
+
+    def pod(name: str, uid: str, init: int, app: int) -> dict[str, Any]:
+        def ctr(cname: str, n: int) -> dict[str, Any]:
+            return {"name": cname, "image": "i", "resources": {"limits": {"example.com/resource": str(n)}}}
+
+        spec: dict[str, Any] = {"containers": [ctr("app", app)]}
+        if init:
+            spec["initContainers"] = [ctr("init", init)]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "uid": uid},
+            "spec": spec,
+        }
+
+    first = pod("first", "6d0c3f59-8a7e-4d1b-9f00-00000000e2e1", init=1, app=2)
+    kubelet = h.admit(first)
+    assert kubelet["admitted"], kubelet
+    (manifests / "first.json").write_text(json.dumps(first))
+    wait_for(
+        "agent admits first", lambda: (_find_pod(agent.pods(), "first") or {}).get("admitted") is True, procs=procs
+    )
+    ours = _find_pod(agent.pods(), "first")
+    assert ours is not None
+
+    k_ctrs = {c["name"]: c for c in kubelet["containers"]}
+    o_ctrs = {c["name"]: c for c in ours["containers"]}
+    for name in ("init", "app"):
+        k_ids = k_ctrs[name]["devices"]["example.com/resource"]
+        o_ids = o_ctrs[name]["devices"]["example.com/resource"]
+        assert len(k_ids) == len(o_ids), (name, k_ids, o_ids)
+        k_mounts = sorted((m["containerPath"], m["hostPath"]) for m in k_ctrs[name]["runOptions"]["mounts"])
+        o_mounts = sorted((m["containerPath"], m["hostPath"]) for m in o_ctrs[name]["runOptions"]["mounts"])
+        assert [len(k_mounts), len(o_mounts)] == [len(k_ids), len(o_ids)]
+        assert o_mounts == sorted((f"/tmp/{i}", f"/tmp/{i}") for i in o_ids)
+    # Init-container devices are reused by the app container, in both.
+    assert set(o_ctrs["init"]["devices"]["example.com/resource"]) <= set(
+        o_ctrs["app"]["devices"]["example.com/resource"]
+    )
+
+    # Both are full: the next pod is refused with the device manager's own error.
+    second = pod("second", "6d0c3f59-8a7e-4d1b-9f00-00000000e2e2", init=0, app=1)
+    kubelet2 = h.admit(second)
+    assert not kubelet2["admitted"]
+    (manifests / "second.json").write_text(json.dumps(second))
+    wait_for(
+        "agent decides on second",
+        lambda: bool((_find_pod(agent.pods(), "second") or {}).get("reason")),
+        procs=procs,
+        timeout=30,
+    )
+    ours2 = _find_pod(agent.pods(), "second")
+    assert ours2 is not None and ours2["admitted"] is False, ours2
+    core_error = "requested number of devices unavailable for example.com/resource. Requested: 1, Available: 0"
+    assert core_error in kubelet2["message"], kubelet2
+    assert core_error in ours2["reason"], (ours2["reason"], kubelet2["message"])
