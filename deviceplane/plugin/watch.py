@@ -6,11 +6,15 @@ event was missed, e.g. between listing a directory and the watch being establish
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 from watchfiles import Change, awatch
+
+# watchfiles logs every batch at INFO ("3 changes detected"): noise in a plugin's log, where we log what matters.
+logging.getLogger("watchfiles.main").setLevel(logging.WARNING)
 
 # Group a burst of changes (10,000 files created by a script) into one batch, yet react within ~50 ms when quiet.
 DEBOUNCE_MS = 200
