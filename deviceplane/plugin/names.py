@@ -1,7 +1,7 @@
 """Resource-name validation and the plugin's socket file name.
 
-The resource-name rule is the kubelet's `IsExtendedResourceName` (spec §4.2): checking it here turns a typo into an
-error at start instead of a registration the agent rejects over and over.
+The resource-name rule is the kubelet's `IsExtendedResourceName` (spec §4.2): checking it in the plugin turns a typo
+into an error at start instead of a registration the agent rejects over and over.
 """
 
 from __future__ import annotations
@@ -9,19 +9,10 @@ from __future__ import annotations
 import os
 import re
 
-# TODO(issue 3): switch to deviceplane.core.names.is_extended_resource_name once it lands (same rule).
-_QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# The same rule the agent applies on Register: one implementation, so plugin and agent can never disagree.
+from deviceplane.core.names import is_extended_resource_name
 
-
-def is_extended_resource_name(name: str) -> bool:
-    """True when the kubelet would accept `name` as a device plugin's resource (e.g. "example.com/gpu")."""
-    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
-        return False
-    prefix, _, short = ("requests." + name).partition("/")
-    if "/" in short or not short or len(short) > 63 or not _QUALIFIED_NAME.match(short):
-        return False
-    return len(prefix) <= 253 and _DNS1123_SUBDOMAIN.match(prefix) is not None
+__all__ = ["MAX_SOCKET_PATH", "check_resource_name", "is_extended_resource_name", "socket_file_name"]
 
 
 def check_resource_name(name: str) -> None:
