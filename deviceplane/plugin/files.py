@@ -112,14 +112,8 @@ class FilesPlugin:
                 await watcher
 
     async def _watch(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                async for _ in dir_changes(self.directory, stop):
-                    self.rescan()  # a re-list, not event bookkeeping: cannot drift from the directory
-            except (OSError, RuntimeError) as err:
-                log.warning("watching %s failed (%s); retrying", self.directory, err)
-                self.rescan()
-                await asyncio.sleep(1)
+        async for _ in dir_changes(self.directory, stop):
+            self.rescan()  # a re-list, not event bookkeeping: cannot drift from the directory
 
 
 async def main(args: argparse.Namespace) -> int:

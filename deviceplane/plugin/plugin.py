@@ -148,6 +148,7 @@ class DevicePlugin:
         self._loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
         self._need_register = asyncio.Event()
+        self._registered_with = None
         self._watch_stop.clear()
         self._devices.attach(self._loop)
         tasks: list[asyncio.Task[Any]] = []
@@ -237,25 +238,22 @@ class DevicePlugin:
         return self.plugin_dir / KUBELET_SOCKET
 
     async def _watch(self) -> None:
-        directory = self.socket_path.parent
-        while not self._watch_stop.is_set():
-            try:
-                async for changes in dir_changes(directory, self._watch_stop):
-                    await self._check(changes)
-            except (OSError, RuntimeError) as err:  # e.g. the directory itself was removed
-                log.warning("%s: watching %s failed (%s); retrying", self.resource, directory, err)
-                await asyncio.sleep(1)
-                with contextlib.suppress(OSError):
-                    directory.mkdir(mode=0o750, parents=True, exist_ok=True)
-                await self._check(set())
+        async for changes in dir_changes(self.socket_path.parent, self._watch_stop):
+            await self._check(changes)
 
     async def _check(self, changes: set[tuple[Change, str]]) -> None:
         """React to a batch of directory changes (or a quiet tick) by comparing state, not just trusting events."""
-        if socket_identity(self.socket_path) != self._serving:
+        if self._server is None or socket_identity(self.socket_path) != self._serving:
             # The kubelet deletes every socket in its directory when it restarts (spec §1.4).
-            log.warning("%s: %s was removed; serving again", self.resource, self.socket_path)
-            await self._stop_server()
-            await self._start_server()
+            if self._server is not None:
+                log.warning("%s: %s was removed; serving again", self.resource, self.socket_path)
+                await self._stop_server()
+            try:
+                self._prepare_directory(self.socket_path.parent)  # it may have been removed with the socket
+                await self._start_server()
+            except PluginError as err:  # not fatal: the next change or tick retries
+                log.error("%s: cannot serve again: %s", self.resource, err)
+                return
             self._registered_with = None
             self._need_register.set()
         if self.registry_dir is not None:

@@ -136,4 +136,4 @@ async def test_directory_removed_and_recreated(setup):
     await wait_until(lambda: connection.latest == {}, within=2, what="no devices without the directory")
     cola.mkdir()
     (cola / "b").touch()
-    await wait_until(lambda: connection.latest == {"b": ("Healthy", ())}, within=5, what="directory back")
+    await wait_until(lambda: connection.latest == {"b": ("Healthy", ())}, within=2, what="directory back")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -221,3 +222,18 @@ async def test_allocate_on_removed_device_is_an_error(tmp, kubelet, processes):
         await connection.stub.Allocate(request, timeout=5)
     assert err.value.code() == grpc.StatusCode.UNKNOWN
     assert err.value.details() == "invalid allocation request with non-existing device sim-7"
+
+
+async def test_survives_its_directory_being_removed_and_recreated(tmp, kubelet, processes):
+    proc = sim(processes, tmp)
+    await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
+    await kubelet.stop()
+    shutil.rmtree(tmp / "dp")
+    await asyncio.sleep(0.5)
+    fake = await FakeKubelet(tmp / "dp").start()  # re-creates the directory, like a kubelet starting up
+    try:
+        connection = await wait_until(lambda: fake.latest("example.com/sim"), within=1, what="re-registration")
+        assert await wait_until(lambda: connection.latest, what="snapshot")
+        assert proc.proc.poll() is None
+    finally:
+        await fake.stop()
