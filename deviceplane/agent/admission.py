@@ -250,7 +250,8 @@ class AdmissionController:
 
     async def _wait_for_plugins(self, pod: Pod) -> None:
         """Right after start, give plugins a moment to come back before deciding their resources are missing."""
-        wanted = [r for r, n in pod.device_requests().items() if n > 0]
+        # Zero requests too: upstream still refuses them while a resource has no healthy device.
+        wanted = sorted({r for c in pod.all_containers for r, _ in c.limits})
         while self.clock() - self.started_at < self.startup_wait:
             missing = [r for r in wanted if not self._plugin_ready(r)]
             if not missing:
