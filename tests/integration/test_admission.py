@@ -101,7 +101,7 @@ def test_failed_admission_releases_what_it_took(env: AllocEnv) -> None:
 
 
 def test_hanging_allocate_fails_only_its_own_admissions(short_tmp: Path) -> None:
-    with alloc_env(short_tmp, "--allocate-timeout", "2s") as env:
+    with alloc_env(short_tmp, "--allocate-timeout", "5s") as env:
         env.start_agent()
         stuck = env.sim(R1, 4)
         env.sim(R2, 4)
