@@ -203,9 +203,10 @@ class FakePluginWatcher:
                     continue
                 inode = entry.stat().st_ino
                 if self._known.get(entry) != inode:
-                    self._known[entry] = inode
+                    # Like the kubelet's reconciler: a failed registration is retried on the next round.
                     with contextlib.suppress(grpc.aio.AioRpcError):
                         await self._register(entry)
+                        self._known[entry] = inode
             await asyncio.sleep(0.05)
 
     def start(self) -> FakePluginWatcher:
