@@ -68,7 +68,28 @@ def load_manifest(raw: bytes, file_name: str) -> Any:
         raise PodError(f"invalid YAML: {' '.join(str(err).split())}") from None
     if len(documents) != 1:
         raise PodError(f"expected exactly one Pod per file, found {len(documents)} documents")
+    _check_size(documents[0])
     return documents[0]
+
+
+MAX_MANIFEST_NODES = 100_000
+
+
+def _check_size(document: Any) -> None:
+    """YAML aliases let a small file stand for a huge object ("billion laughs"); walking it as a tree, as anything
+    that serialises it would, must stay bounded."""
+    stack = [document]
+    seen = 0
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_MANIFEST_NODES:
+            raise PodError(f"document expands to more than {MAX_MANIFEST_NODES} values (YAML aliases?)")
+        if isinstance(node, dict):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def _ignored(name: str) -> bool:
