@@ -103,18 +103,33 @@ def filter_by_affinity(
     return aligned, unaligned, without
 
 
+class _Rank(dict[str, int]):
+    """Device -> position in natural order; unknown IDs sort last. A dict so that lookups stay in C."""
+
+    def __missing__(self, _key: str) -> int:
+        return len(self)
+
+
+def _rank_of(devices: Iterable[str]) -> _Rank:
+    rank = _Rank()
+    for position, device_id in enumerate(natural_sorted(devices)):
+        rank[device_id] = position
+    return rank
+
+
 @dataclass(slots=True)
 class _Taker:
     """Upstream's take(): walk candidates not yet chosen until `needed` reaches 0."""
 
     needed: int
+    rank: _Rank
     chosen: list[str] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
 
     def take(self, candidates: Collection[str]) -> bool:
         if self.needed > 0:
-            fresh = [d for d in candidates if d not in self._seen]
-            for device_id in heapq.nsmallest(self.needed, fresh, key=natural_key):
+            fresh = [d for d in candidates if d not in self._seen] if self._seen else candidates
+            for device_id in heapq.nsmallest(self.needed, fresh, key=self.rank.__getitem__):
                 self._seen.add(device_id)
                 self.chosen.append(device_id)
                 self.needed -= 1
@@ -133,6 +148,8 @@ class Allocator:
         self.pod_devices = pod_devices
         self._reserved: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._reserved_refs: dict[str, Counter[str]] = {}
+        # resource -> (the device dict it was computed from, natural-order rank); a snapshot replaces the dict
+        self._ranks: dict[str, tuple[Mapping[str, Device], _Rank]] = {}
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
 
@@ -177,6 +194,13 @@ class Allocator:
 
     def reserved(self) -> dict[tuple[str, str, str], tuple[str, ...]]:
         return dict(self._reserved)
+
+    def _rank(self, resource: str, devices: Mapping[str, Device]) -> _Rank:
+        cached = self._ranks.get(resource)
+        if cached is None or cached[0] is not devices:
+            cached = (devices, _rank_of(devices))
+            self._ranks[resource] = cached
+        return cached[1]
 
     def resource_devices(self, resource: str) -> ResourceDevices:
         state = self.registry.resources.get(resource)
@@ -229,7 +253,7 @@ class Allocator:
         if needed == 0:
             return Chosen(())
 
-        taker = _Taker(needed)
+        taker = _Taker(needed, self._rank(resource, state.all_devices))
         if taker.take(reusable):
             return Chosen(tuple(taker.chosen))
         unavailable = self.allocated(resource)
