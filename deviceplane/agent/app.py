@@ -84,7 +84,11 @@ class Agent:
 
     def devices_json(self, request: web.Request | None = None) -> Any:
         query = request.query if request is not None else {}
-        limit = int(query["limit"]) if "limit" in query else None
+        limit = None
+        if "limit" in query:
+            if not query["limit"].isdigit():
+                raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
+            limit = int(query["limit"])
         wanted = query.get("resource")
         status = devices_status(
             self.manager.registry,

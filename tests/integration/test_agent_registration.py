@@ -7,6 +7,7 @@ import socket
 import stat
 import threading
 import time
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 
@@ -216,3 +217,19 @@ def test_hung_plugin_times_out_without_blocking_others(
     assert results["hung"]["ok"] is False and "failed to get device plugin options" in str(results["hung"]["error"])
     assert results["mute"]["ok"] is False and "failed to dial device plugin" in str(results["mute"]["error"])
     assert set(agent.resources()) == {R}
+
+
+def test_devices_api_query(agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]) -> None:
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", [["a", "Healthy"], ["b", "Healthy"], ["c", "Unhealthy"]])
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (3, 2))
+    limited = agent.get(f"/api/v1/devices?resource={R}&limit=1")["resources"]
+    assert [r["name"] for r in limited] == [R]
+    assert [d["id"] for d in limited[0]["devices"]] == ["a"] and limited[0]["devicesTruncated"] is True
+    assert limited[0]["capacity"] == 3, "counts stay exact when the list is truncated"
+    assert agent.get("/api/v1/devices?resource=example.com/none")["resources"] == []
+    for bad in ("abc", "-1"):
+        with pytest.raises(urllib.error.HTTPError) as info:
+            agent.get(f"/api/v1/devices?limit={bad}")
+        assert info.value.code == 400
+    assert agent.get_text("/healthz") == "ok"

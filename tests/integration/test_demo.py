@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.plugins import ROOT, agent_available, child_env
-
-pytestmark = pytest.mark.skipif(not agent_available(), reason="the agent (deviceplane.agent.cli) has not landed yet")
+from tests.support.procs import ROOT, child_env
 
 
 def demo(*args: str) -> subprocess.Popen[str]:

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.plugins import ROOT, AgentProcess, PluginProcess, agent_available, child_env, short_tmpdir
+from tests.support.plugins import PluginProcess, short_tmpdir
 from tests.support.plugins import wait_until as _wait_until
-
-pytestmark = pytest.mark.skipif(not agent_available(), reason="the agent (deviceplane.agent.cli) has not landed yet")
+from tests.support.procs import ROOT, AgentProcess, child_env
 
 SIM = "example.com/sim"
 
@@ -28,7 +27,7 @@ class Env:
         self.others: list[subprocess.Popen[bytes]] = []
 
     async def agent(self, *extra: str) -> AgentProcess:
-        agent = AgentProcess(self.tmp, self.plugin_dir, *extra).start()
+        agent = AgentProcess(self.tmp, *extra, plugin_dir=self.plugin_dir).start(wait=False)
         self.agents.append(agent)
         try:
             await wait_until(agent.healthy, within=30, what="agent up")

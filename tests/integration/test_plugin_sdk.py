@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from tests.support.plugins import ROOT, FakeKubelet, child_env, short_tmpdir, wait_until
+from tests.support.plugins import FakeKubelet, short_tmpdir, wait_until
+from tests.support.procs import ROOT, child_env
 
 EXAMPLE = ROOT / "examples" / "slot_plugin.py"
 

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,8 +30,8 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from tests.support.procs import ROOT, child_env
 
-ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -227,13 +224,6 @@ class FakePluginWatcher:
 # Reference plugins as processes
 
 
-def child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 class PluginProcess:
     """`python -m deviceplane plugin <kind> ...` with its output in files (no pipe can fill up and block it)."""
 
@@ -297,76 +287,6 @@ class PluginProcess:
                 self.proc.wait()
                 raise AssertionError(f"{self.kind} did not stop on signal {sig} within {timeout}s") from None
         return self.proc.returncode
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def agent_available() -> bool:
-    """Whether the agent (a colleague's issue) is importable yet; agent-based tests skip until it is."""
-    return importlib.util.find_spec("deviceplane.agent.cli") is not None
-
-
-class AgentProcess:
-    """`deviceplane agent --standalone` as a process, on the flags the design fixes (DESIGN.md, agent contract)."""
-
-    def __init__(self, workdir: Path, plugin_dir: Path, *extra: str) -> None:
-        self.workdir = workdir
-        self.plugin_dir = plugin_dir
-        self.extra = extra
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / f"agent-{self.port}.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> AgentProcess:
-        cmd = [
-            sys.executable, "-m", "deviceplane", "agent", "--standalone",
-            "--plugin-dir", str(self.plugin_dir),
-            "--pod-resources-socket", str(self.workdir / "pod-resources" / "kubelet.sock"),
-            "--http-addr", f"127.0.0.1:{self.port}",
-            *self.extra,
-        ]  # fmt: skip
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=log, env=child_env(), cwd=ROOT)
-        return self
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(self.url + path, timeout=5) as response:
-            text = response.read().decode()
-        return json.loads(text) if text.startswith(("{", "[")) else text
-
-    def healthy(self) -> bool:
-        return bool(self.get("/healthz"))
-
-    def resource(self, name: str) -> dict[str, Any] | None:
-        for resource in self.get("/api/v1/devices")["resources"]:
-            if resource["name"] == name:
-                return dict(resource)
-        return None
-
-    def devices(self, name: str) -> dict[str, tuple[str, tuple[int, ...]]] | None:
-        """{id: (health, numa nodes)} of a connected resource, else None."""
-        resource = self.resource(name)
-        if resource is None or not resource["plugin"]["connected"]:
-            return None
-        return {d["id"]: (d["health"], tuple(d["numaNodes"])) for d in resource["devices"]}
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
 
 
 def run_plugin_cli(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:

@@ -43,7 +43,8 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
@@ -85,6 +86,16 @@ class AgentProcess:
 
     def resource(self, name: str) -> dict[str, Any] | None:
         return self.resources().get(name)
+
+    def healthy(self) -> bool:
+        return self.get_text("/healthz") == "ok"
+
+    def devices(self, name: str) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+        """{id: (health, numa nodes)} of a connected resource, else None."""
+        resource = self.resource(name)
+        if resource is None or not resource["plugin"]["connected"]:
+            return None
+        return {d["id"]: (d["health"], tuple(d["numaNodes"])) for d in resource["devices"]}
 
     def counts(self, name: str) -> tuple[int, int] | None:
         r = self.resource(name)
