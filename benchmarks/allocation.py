@@ -1,8 +1,8 @@
 """Admission throughput and latency: 1-device pods from a 1,024-device sim plugin.
 
 The real agent runs in this process (so admissions can be timed without a file watcher in the way); the sim
-plugins are separate processes over real unix sockets. One admission = GetPreferredAllocation + Allocate RPCs,
-the journal fdatasync that makes it durable, and PreStartContainer (the sim asks for both optional RPCs). The
+plugins are separate processes over real unix sockets. One admission = the Allocate RPC and the journal fdatasync
+that makes it durable; with --all-rpcs the sim also asks for GetPreferredAllocation and PreStartContainer. The
 kubelet-format checkpoint is rewritten in the background meanwhile, as in production.
 
 Scenarios: sequential and 8 concurrent, with 0 and with 5,000 containers already holding devices (of a second
