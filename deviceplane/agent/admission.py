@@ -2,9 +2,10 @@
 
 Per pod: init containers then app containers (core.admission_plan drives the choice; this module runs its RPCs),
 one Allocate per container per resource with a deadline (`allocate_timeout`, default 10 s: upstream has none, and a
-hanging plugin would otherwise hold its reservation forever; only admissions asking that plugin fail). Then the
-journal records are made durable, then PreStartContainer is called where the plugin asks (30 s, as upstream), and
-only then is the pod reported admitted. Any failure releases everything the admission took.
+hanging plugin would otherwise hold its reservation forever; only admissions asking that plugin fail). Then
+PreStartContainer is called where the plugin asks (30 s, as upstream), then the journal records are made durable,
+and only then is the pod reported admitted; until then the pod is kept out of the checkpoint, so whatever a restart
+restores has completed admission. Any failure releases everything the admission took.
 
 Concurrency: each pod is admitted by its own task; nothing is locked across an RPC. Choosing and reserving devices
 happen in one synchronous step, so concurrent admissions never share a device, and a slow plugin only delays the
@@ -224,10 +225,15 @@ class AdmissionController:
         started = self.clock()
         try:
             await self._wait_for_plugins(pod)
+            self.store.begin(pod.uid)
             outcome = await self._allocate(pod)
-            if not outcome.restored:
-                await self._durable(pod.uid)
+            if outcome.restored:
+                self.store.commit(pod.uid)
+            else:
+                # PreStartContainer (the container's start) comes before durability: a crash in between leaves
+                # nothing restorable, so a restored pod has always had its PreStart.
                 await self._pre_start(pod)
+                await self._durable(pod.uid)
         except asyncio.CancelledError:
             self._release(pod.uid, "admission cancelled")
             raise
@@ -351,6 +357,7 @@ class AdmissionController:
         Appending them here rather than at each commit is safe: only this task changes the pod's entries until it
         ends, so per pod the journal order still matches the order of changes, and a record appended late lands in
         a later segment than any rotation point it follows (the checkpoint taken at that point already holds it)."""
+        self.store.commit(pod_uid)
         futures = [self.store.allocated(a) for a in self.pod_devices.allocations(pod_uid)]
         if futures:
             await asyncio.gather(*futures)
@@ -370,6 +377,7 @@ class AdmissionController:
         # otherwise the garbage collection at sync time frees it
 
     def _release(self, uid: str, why: str) -> None:
+        self.store.abandon(uid)
         released = self.allocator.release_pod(uid)
         if released:
             self.store.released(uid)

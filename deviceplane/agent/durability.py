@@ -18,7 +18,7 @@ from pathlib import Path
 
 from deviceplane.agent.journal import Journal, alloc_record, release_record
 from deviceplane.agent.manager import DeviceManager
-from deviceplane.core.checkpoint import CheckpointData
+from deviceplane.core.checkpoint import CheckpointData, PodDevicesEntry
 from deviceplane.core.pod_devices import Allocation, PodDevices
 
 log = logging.getLogger("deviceplane.durability")
@@ -41,7 +41,16 @@ class AllocationStore:
         self._task: asyncio.Task[None] | None = None
         self.checkpoints = 0
         self.last_checkpoint_seconds = 0.0
-        manager.pod_entries = pod_devices.entries
+        # Pods whose admission has not finished (PreStartContainer included) are kept out of the checkpoint, so a
+        # crash can only ever restore pods that completed admission.
+        self._pending: set[str] = set()
+        manager.pod_entries = self._committed_entries
+
+    def _committed_entries(self) -> list[PodDevicesEntry]:
+        entries = self.pod_devices.entries()
+        if not self._pending:
+            return entries
+        return [entry for entry in entries if entry.PodUID not in self._pending]
 
     def restore(self, data: CheckpointData | None) -> tuple[int, int]:
         """Checkpoint entries, then the journal on top; returns (entries loaded, journal records applied). Blocking."""
@@ -58,6 +67,16 @@ class AllocationStore:
         self._dirty.set()  # fold the replayed journal into a fresh checkpoint at once
 
     # -- changes -------------------------------------------------------------------------------------------------------
+
+    def begin(self, pod_uid: str) -> None:
+        """An admission starts: its allocations stay out of the checkpoint until `commit` or `abandon`."""
+        self._pending.add(pod_uid)
+
+    def commit(self, pod_uid: str) -> None:
+        """Call in the same loop step as the pod's `allocated` appends (journal and checkpoint then agree)."""
+        self._pending.discard(pod_uid)
+
+    abandon = commit  # a failed admission: nothing of it is pending any more (its release is journaled)
 
     def allocated(self, allocation: Allocation) -> asyncio.Future[None]:
         """Call right after the allocation is applied to PodDevices (same loop step): the order must match."""

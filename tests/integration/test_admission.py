@@ -337,3 +337,28 @@ def test_concurrent_admissions_with_health_flapping(short_tmp: Path) -> None:
                     assert device not in owners, (device, owners.get(device), p["name"])
                     owners[device] = p["name"]
         assert owners  # some made it
+
+
+def test_crash_before_pre_start_restores_nothing_and_pre_start_runs_again(short_tmp: Path) -> None:
+    """SIGKILL while PreStartContainer hangs: the pod was not admitted, so nothing of it is durable; after the
+    restart it is admitted afresh and its PreStartContainer does run (the kubelet calls it at container start)."""
+    with alloc_env(short_tmp) as env:
+        env.start_agent()
+        sim = env.sim(R1, 2)
+        sim.control("PUT", "/faults/PreStartContainer", {"mode": "hang", "seconds": 60})
+        simple_pod(env.pod_dir, "p", R1, 1)
+        wait_for(lambda: len(calls(sim, "PreStartContainer")) == 1, what="PreStartContainer in flight")
+        # A device update forces a checkpoint write while the admission is in flight.
+        sim.control("POST", "/devices/sim-1/unhealthy")
+        env.wait_devices(R1, 1)
+        checkpoint = env.plugin_dir / "kubelet_internal_checkpoint"
+        wait_for(lambda: decode(checkpoint.read_bytes()).RegisteredDevices == {R1: ["sim-0"]}, what="checkpoint")
+        assert decode(checkpoint.read_bytes()).PodDeviceEntries is None, "an unfinished admission is not durable"
+        assert env.agent is not None and not pods(env.agent)["p"]["admitted"]
+        sim.control("DELETE", "/faults/PreStartContainer")
+        sim.control("POST", "/devices/sim-1/healthy")
+        env.restart_agent(True, "--startup-plugin-wait", "10s")  # the sim re-registers after the restart
+        p = wait_settled(env.agent, "p")
+        assert (p["admitted"], p["restored"], p["reason"]) == (True, False, ""), p
+        assert len(calls(sim, "PreStartContainer")) == 2
+        assert len(calls(sim, "Allocate")) == 2
