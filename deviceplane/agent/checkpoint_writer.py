@@ -22,8 +22,6 @@ class CheckpointWriter:
         self._snapshot = snapshot  # cheap, on the loop: captures the state to persist
         self._next: asyncio.Future[None] | None = None  # shared by every request since the last write started
         self._runner: asyncio.Task[None] | None = None
-        self.writes = 0
-        self.failures = 0
 
     def request(self) -> asyncio.Future[None]:
         """Ask for a write reflecting the current state; the future resolves once it is durable (or fails)."""
@@ -34,9 +32,6 @@ class CheckpointWriter:
             self._runner = asyncio.create_task(self._drain(), name="checkpoint-writer")
         return future
 
-    async def write_now(self) -> None:
-        await self.request()
-
     async def _drain(self) -> None:
         while self._next is not None:
             future, self._next = self._next, None
@@ -44,14 +39,12 @@ class CheckpointWriter:
             try:
                 await asyncio.to_thread(self._write, data)
             except Exception as err:
-                self.failures += 1
                 log.error("checkpoint write failed: %s", err)
                 if not future.done():
                     future.set_exception(err)
                     # Fire-and-forget requesters never read it; don't warn about an unretrieved exception.
                     future.exception()
             else:
-                self.writes += 1
                 if not future.done():
                     future.set_result(None)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -51,7 +50,6 @@ class DeviceManager:
         self.observers: list[Callable[[DeviceEvent], None]] = []
         # The allocations to checkpoint (set by the admission controller); a cheap list copy, taken on the loop.
         self.pod_entries: Callable[[], list[PodDevicesEntry]] = list
-        self.started_at = clock()
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
@@ -122,10 +120,6 @@ class DeviceManager:
             return None
         return self._clients.get((resource, endpoint.socket_path))
 
-    @property
-    def connection_count(self) -> int:
-        return len(self._clients)
-
     # -- stream callbacks -------------------------------------------------------------------------------------------
 
     def _on_snapshot(self, resource: str, socket_path: str, client: PluginClient, devices: Sequence[Device]) -> None:
@@ -176,9 +170,3 @@ class DeviceManager:
                 observer(event)
             except Exception:
                 log.exception("device event observer failed")
-
-
-async def cancel_and_wait(tasks: Sequence[asyncio.Task[object]]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)

@@ -5,24 +5,26 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class CamelModel(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, alias_generator=None, frozen=True)
+class FrozenModel(BaseModel):
+    """Field names are the JSON names (camelCase, as Kubernetes objects spell them)."""
+
+    model_config = ConfigDict(frozen=True)
 
 
-class AllocatedTo(CamelModel):
+class AllocatedTo(FrozenModel):
     namespace: str
     pod: str
     container: str
 
 
-class DeviceView(CamelModel):
+class DeviceView(FrozenModel):
     id: str
     health: str
     numaNodes: list[int] = Field(default_factory=list)
     allocatedTo: AllocatedTo | None = None
 
 
-class PluginView(CamelModel):
+class PluginView(FrozenModel):
     endpoint: str | None
     connected: bool
     preStartRequired: bool
@@ -30,7 +32,7 @@ class PluginView(CamelModel):
     registeredAt: str | None
 
 
-class ResourceView(CamelModel):
+class ResourceView(FrozenModel):
     name: str
     capacity: int
     allocatable: int
@@ -42,13 +44,13 @@ class ResourceView(CamelModel):
     devicesTruncated: bool = False
 
 
-class AgentView(CamelModel):
+class AgentView(FrozenModel):
     version: str
     node: str
     lastHeartbeatTime: str
 
 
-class Condition(CamelModel):
+class Condition(FrozenModel):
     type: str
     status: str
     reason: str
@@ -56,7 +58,7 @@ class Condition(CamelModel):
     lastTransitionTime: str
 
 
-class DevicesStatus(CamelModel):
+class DevicesStatus(FrozenModel):
     resources: list[ResourceView]
     agent: AgentView
     conditions: list[Condition] = Field(default_factory=list)

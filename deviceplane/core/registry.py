@@ -105,7 +105,6 @@ class SnapshotResult:
     """What one ListAndWatch message changed."""
 
     applied: bool  # False when it came from a non-primary endpoint (kept, not shown)
-    health_changed: tuple[str, ...] = ()  # IDs whose health flipped or that are new (pods may need telling)
     transitions: tuple[str, ...] = ()  # IDs whose health flipped (counted for metrics)
 
 
@@ -184,16 +183,12 @@ class DeviceRegistry:
             return SnapshotResult(applied=False)
         previous = state.all_devices
         state.show(endpoint.devices)
-        changed: list[str] = []
-        transitions: list[str] = []
-        for device in endpoint.devices:
-            before = previous.get(device.id)
-            if before is None:
-                changed.append(device.id)
-            elif before.health != device.health:
-                changed.append(device.id)
-                transitions.append(device.id)
-        return SnapshotResult(applied=True, health_changed=tuple(changed), transitions=tuple(transitions))
+        transitions = tuple(
+            device.id
+            for device in endpoint.devices
+            if (before := previous.get(device.id)) is not None and before.health != device.health
+        )
+        return SnapshotResult(applied=True, transitions=transitions)
 
     def restore(self, resources: Iterable[str], now: float) -> None:
         """Checkpointed resources come back with a stopped placeholder endpoint and no devices: 0/0 until their

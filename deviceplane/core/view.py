@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
@@ -30,7 +31,7 @@ def _plugin_view(state: ResourceState) -> PluginView:
 
 
 def resource_view(
-    state: ResourceState, capacity: Capacity, holders: Holders, device_limit: int | None = None
+    state: ResourceState, capacity: Capacity, holders: Holders, allocated: int, device_limit: int | None = None
 ) -> ResourceView:
     ids = sorted(state.all_devices)
     shown = ids if device_limit is None else ids[:device_limit]
@@ -52,7 +53,7 @@ def resource_view(
         allocatable=capacity.allocatable.get(state.name, 0),
         healthy=len(state.healthy),
         unhealthy=len(state.unhealthy),
-        allocated=sum(1 for (resource, _id) in holders if resource == state.name),
+        allocated=allocated,
         plugin=_plugin_view(state),
         devices=devices,
         devicesTruncated=len(shown) < len(ids),
@@ -68,8 +69,9 @@ def devices_status(
     resource_filter: Callable[[str], bool] | None = None,
 ) -> DevicesStatus:
     holders = holders or {}
+    allocated = Counter(resource for resource, _device in holders)
     resources = [
-        resource_view(state, capacity, holders, device_limit)
+        resource_view(state, capacity, holders, allocated[name], device_limit)
         for name, state in sorted(registry.resources.items())
         if resource_filter is None or resource_filter(name)
     ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -113,7 +112,3 @@ async def test_dial_failure_and_stopped_plugin(short_tmp: Path, plugin: TestPlug
     with pytest.raises(grpc.aio.AioRpcError):
         await client.allocate(["ADeviceId"], timeout=2)
     await client.close()
-
-
-def test_fixed_responses_are_valid_json() -> None:
-    assert json.loads(json_format.MessageToJson(FIXED_ALLOCATE))["containerResponses"]
