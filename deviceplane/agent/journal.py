@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
+from deviceplane.core.checkpoint import PodDevicesEntry
+from deviceplane.core.pod_devices import Allocation, PodDevices, allocation_from_entry
 
 log = logging.getLogger("deviceplane.journal")
 
@@ -108,12 +108,18 @@ def apply_record(pod_devices: PodDevices, record: dict[str, Any]) -> bool:
             pod_devices.remove_pod(str(record["pod"]))
             return True
         if record["op"] == "alloc":
-            response = pb.ContainerAllocateResponse()
-            response.ParseFromString(base64.b64decode(record["resp"]))
-            per_numa = {int(numa): tuple(map(str, ids)) for numa, ids in sorted(record["numa"].items())}
-            pod_devices.insert(
-                make_allocation(str(record["pod"]), str(record["ctr"]), str(record["res"]), per_numa, response)
+            entry = PodDevicesEntry(
+                PodUID=str(record["pod"]),
+                ContainerName=str(record["ctr"]),
+                ResourceName=str(record["res"]),
+                DeviceIDs={int(numa): list(map(str, ids)) for numa, ids in record["numa"].items()},
+                AllocResp=base64.b64decode(record["resp"]),
             )
+            allocation = allocation_from_entry(entry)
+            if allocation is None:
+                log.warning("journal record skipped", extra={"error": "allocation response does not parse"})
+                return False
+            pod_devices.insert(allocation)
             return True
     except (KeyError, ValueError, TypeError, AttributeError) as err:
         log.warning("journal record skipped", extra={"error": str(err)})

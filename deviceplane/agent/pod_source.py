@@ -110,6 +110,7 @@ class StaticPodDirectory:
         self.node_name = node_name
         self.rescan_interval = rescan_interval
         self._known: dict[str, Signature] = {}
+        self._rescan_lock = asyncio.Lock()
 
     async def run(self, sink: PodSink) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -129,28 +130,32 @@ class StaticPodDirectory:
             await self._rescan(sink)
 
     async def _rescan(self, sink: PodSink) -> None:
-        """Report what changed since the last look; unchanged files (same inode, size, mtime) are not re-read."""
-        try:
-            current = await asyncio.to_thread(self._signatures)
-        except OSError as err:
-            log.warning("cannot list pod manifest directory", extra={"dir": str(self.directory), "error": str(err)})
-            return
-        for name in sorted(set(self._known) - set(current)):
-            del self._known[name]
-            sink.pod_gone(self.name, name)
-        changed = [n for n in sorted(current) if self._known.get(n) != current[n]]
-        if not changed:
-            return
-        loaded = await asyncio.to_thread(self._load_all, changed)
-        for name, result in loaded:
-            self._known[name] = current[name]
-            if isinstance(result, Pod):
-                sink.pod_set(self.name, name, result)
-            elif result is None:
-                self._known.pop(name, None)
+        """Report what changed since the last look; unchanged files (same inode, size, mtime) are not re-read.
+
+        The periodic loop and the watch both rescan; the lock keeps their steps from interleaving across the
+        thread hops, which could otherwise report a pod again after a later rescan reported its file gone."""
+        async with self._rescan_lock:
+            try:
+                current = await asyncio.to_thread(self._signatures)
+            except OSError as err:
+                log.warning("cannot list pod manifest directory", extra={"dir": str(self.directory), "error": str(err)})
+                return
+            for name in sorted(set(self._known) - set(current)):
+                del self._known[name]
                 sink.pod_gone(self.name, name)
-            else:
-                sink.pod_error(self.name, name, result)
+            changed = [n for n in sorted(current) if self._known.get(n) != current[n]]
+            if not changed:
+                return
+            loaded = await asyncio.to_thread(self._load_all, changed)
+            for name, result in loaded:
+                self._known[name] = current[name]
+                if isinstance(result, Pod):
+                    sink.pod_set(self.name, name, result)
+                elif result is None:
+                    self._known.pop(name, None)
+                    sink.pod_gone(self.name, name)
+                else:
+                    sink.pod_error(self.name, name, result)
 
     def _signatures(self) -> dict[str, Signature]:
         out = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from pathlib import Path
 
 from deviceplane.agent.journal import Journal, alloc_record, list_segments, release_record
@@ -85,3 +86,19 @@ async def test_full_segment_continues_in_the_next(tmp_path: Path) -> None:
     assert len(list_segments(tmp_path)) > 2
     pds = replayed(tmp_path)
     assert len(pds.pods()) == 99 and not pds.has_pod("p0")
+
+
+async def test_record_with_undecodable_response_is_skipped(tmp_path: Path) -> None:
+    # A checksum-valid record whose response bytes are not a ContainerAllocateResponse is skipped, as upstream skips
+    # such checkpoint entries; the records after it still apply and the agent still starts.
+    journal = Journal(tmp_path, segment_bytes=64 << 10)
+    journal.replay(PodDevices())
+    journal.open()
+    bad = alloc_record(alloc("p1", "d1"))
+    bad["resp"] = base64.b64encode(b"\xff\xff").decode("ascii")
+    journal.append(bad)
+    await journal.append(alloc_record(alloc("p2", "d2")))
+    await journal.close()
+    pds = PodDevices()
+    assert Journal(tmp_path).replay(pds) == 1
+    assert state(pds) == {"p2": {"d2"}}

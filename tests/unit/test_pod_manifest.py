@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from pathlib import Path
+
 import pytest
 
-from deviceplane.agent.pod_source import MAX_MANIFEST_BYTES, load_manifest
-from deviceplane.core.pods import PodError
+from deviceplane.agent.pod_source import MAX_MANIFEST_BYTES, StaticPodDirectory, load_manifest
+from deviceplane.core.pods import Pod, PodError
 
 
 def test_yaml_and_json() -> None:
@@ -38,3 +42,52 @@ def test_alias_bomb_is_refused() -> None:
         previous = name
     with pytest.raises(PodError, match="expands to more than"):
         load_manifest("\n".join(lines).encode(), "bomb.yaml")
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def pod_set(self, source: str, key: str, pod: Pod) -> None:
+        self.events.append(("set", key))
+
+    def pod_error(self, source: str, key: str, error: str) -> None:
+        self.events.append(("error", key))
+
+    def pod_gone(self, source: str, key: str) -> None:
+        self.events.append(("gone", key))
+
+    def synced(self, source: str) -> None:
+        pass
+
+
+MANIFEST = "apiVersion: v1\nkind: Pod\nmetadata: {name: a}\nspec: {containers: [{name: c}]}\n"
+
+
+async def test_overlapping_rescans_do_not_revive_a_deleted_pod(tmp_path: Path) -> None:
+    # The periodic rescan and the watch's rescan can run at once. One that read a changed file before it was
+    # deleted must not report the pod again after the other has reported it gone.
+    (tmp_path / "a.yaml").write_text(MANIFEST)
+    source = StaticPodDirectory(tmp_path, "node")
+    sink = RecordingSink()
+    await source._rescan(sink)
+    (tmp_path / "a.yaml").write_text(MANIFEST + "# changed\n")
+
+    read, release = threading.Event(), threading.Event()
+    load_all = source._load_all
+
+    def slow_load_all(names: list[str]) -> list[tuple[str, Pod | str | None]]:
+        loaded = load_all(names)
+        read.set()
+        release.wait(5)
+        return loaded
+
+    source._load_all = slow_load_all  # type: ignore[method-assign]
+    first = asyncio.create_task(source._rescan(sink))
+    assert await asyncio.to_thread(read.wait, 5)
+    (tmp_path / "a.yaml").unlink()
+    second = asyncio.create_task(source._rescan(sink))
+    await asyncio.wait({second}, timeout=0.3)
+    release.set()
+    await asyncio.gather(first, second)
+    assert sink.events == [("set", "a.yaml"), ("set", "a.yaml"), ("gone", "a.yaml")]
