@@ -2,8 +2,8 @@
 
 Everything runs as it would on a node - separate processes talking gRPC over unix sockets - only the directories
 are temporary. The demo prints the agent's device table, marks a sim device unhealthy through the sim's control
-endpoint, adds a file to the `files` plugin's directory, shows the agent noticing both, and, when the agent admits
-static pods, shows which devices two pods got. Then it keeps printing changes until Ctrl-C or `--duration`.
+endpoint, adds a file to the `files` plugin's directory, shows the agent noticing both, and shows which devices two
+static pods got. Then it keeps printing changes until Ctrl-C or `--duration`.
 """
 
 from __future__ import annotations
@@ -29,12 +29,15 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from deviceplane.core.constants import HEALTHY, UNHEALTHY
+from deviceplane.plugin.sim import non_negative_float
+
 T = TypeVar("T")
 
 SIM = "example.com/sim"
 COLA = "example.com/cola"
 FLIPPED = "sim-3"
-PODS = {  # name -> (container, resource, count): admitted by the agent once it runs static pods
+PODS = {  # name -> (container, resource, count): static pods the agent admits
     "trainer": ("train", SIM, 2),
     "reader": ("read", COLA, 1),
 }
@@ -47,21 +50,11 @@ class DemoError(Exception):
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--duration",
-        type=_seconds,
+        type=non_negative_float,
         default=None,
         help="after the walkthrough, keep watching this many seconds instead of until Ctrl-C",
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, sockets)")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,6 +149,11 @@ def _post(url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5).close()
 
 
+def _state(resources: list[dict[str, Any]]) -> Any:
+    """What the watch loop compares: a change here prints the tables again."""
+    return [(r["name"], r["plugin"]["connected"], r["devices"]) for r in resources]
+
+
 # -- the walkthrough -----------------------------------------------------------------------------------------
 
 
@@ -184,11 +182,12 @@ class Demo:
                 raise DemoError(f"timed out after {within:g}s waiting for {what} (logs in {self.workdir})")
             time.sleep(0.05)
 
-    def devices(self) -> dict[str, Any]:
-        return dict(_get(f"{self.agent_url}/api/v1/devices"))
+    def resource_list(self) -> list[dict[str, Any]]:
+        """GET /api/v1/devices: the agent's resources, in its order."""
+        return list(_get(f"{self.agent_url}/api/v1/devices")["resources"])
 
     def resources(self) -> dict[str, dict[str, Any]]:
-        return {r["name"]: r for r in self.devices()["resources"]}
+        return {r["name"]: r for r in self.resource_list()}
 
     def health(self, resource: str, device_id: str) -> str | None:
         for device in self.resources()[resource]["devices"]:
@@ -227,18 +226,18 @@ class Demo:
             "plugin", "files", "--plugin-dir", str(self.plugin_dir), "--resource", COLA, "--dir", str(self.cola_dir),
         )  # fmt: skip
         self.wait(lambda: self._connected(SIM, COLA), 30, "both plugins to register with the agent")
-        say(self.render("what the agent sees (GET /api/v1/devices)"))
+        say(self.render("what the agent sees (GET /api/v1/devices)", self.resource_list()))
 
         say(f"\n[bold]marking {FLIPPED} unhealthy[/bold] (POST {self.control_url}/devices/{FLIPPED}/unhealthy)")
         started = time.monotonic()
         _post(f"{self.control_url}/devices/{FLIPPED}/unhealthy")
-        self.wait(lambda: self.health(SIM, FLIPPED) == "Unhealthy", 10, f"the agent to see {FLIPPED} unhealthy")
+        self.wait(lambda: self.health(SIM, FLIPPED) == UNHEALTHY, 10, f"the agent to see {FLIPPED} unhealthy")
         elapsed_ms = (time.monotonic() - started) * 1000
-        say(f"{FLIPPED}: Healthy -> Unhealthy, seen by the agent {elapsed_ms:.0f} ms after the request")
+        say(f"{FLIPPED}: {HEALTHY} -> {UNHEALTHY}, seen by the agent {elapsed_ms:.0f} ms after the request")
         (self.cola_dir / "can-3").write_text("can-3\n")
         say(f"created {self.cola_dir / 'can-3'}")
-        self.wait(lambda: self.health(COLA, "can-3") == "Healthy", 10, "the agent to see the new file")
-        say(self.render("after the changes"))
+        self.wait(lambda: self.health(COLA, "can-3") == HEALTHY, 10, "the agent to see the new file")
+        say(self.render("after the changes", self.resource_list()))
 
         self.admit_pods()
 
@@ -251,7 +250,7 @@ class Demo:
         return all(n in resources and resources[n]["plugin"]["connected"] for n in names)
 
     def admit_pods(self) -> None:
-        """Static pods, when the agent admits them (allocation lands in a later issue; skipped gracefully)."""
+        """Two static pods, and the devices the agent allocated to them."""
         for name, (container, resource, count) in PODS.items():
             pod = {
                 "apiVersion": "v1",
@@ -264,14 +263,10 @@ class Demo:
                 },
             }
             (self.pod_dir / f"{name}.json").write_text(json.dumps(pod))
-        try:
-            self.wait(self._pods_settled, 5, "static pods")
-        except DemoError:
-            self.console.print("\n(this agent does not admit static pods yet: skipping the pod part)")
-            return
+        self.wait(self._pods_settled, 5, "static pods")
         self.console.print(f"\n[bold]static pods[/bold] written to {self.pod_dir}:")
         self.console.print(self.render_pods())
-        self.console.print(self.render("devices with their pods"))
+        self.console.print(self.render("devices with their pods", self.resource_list()))
 
     def _pods_settled(self) -> bool:
         pods = _get(f"{self.agent_url}/api/v1/pods")
@@ -280,25 +275,22 @@ class Demo:
 
     def watch(self, duration: float | None) -> None:
         deadline = None if duration is None else time.monotonic() + duration
-        last = self._state()
+        last = _state(self.resource_list())
         while deadline is None or time.monotonic() < deadline:
             time.sleep(0.5)
             self.procs.check_alive()
             try:
-                state = self._state()
+                resources = self.resource_list()
             except (OSError, ValueError):
                 continue
+            state = _state(resources)
             if state != last:
                 last = state
-                self.console.print(self.render(time.strftime("changed at %H:%M:%S")))
-
-    def _state(self) -> Any:
-        return [(r["name"], r["plugin"]["connected"], r["devices"]) for r in self.devices()["resources"]]
+                self.console.print(self.render(time.strftime("changed at %H:%M:%S"), resources))
 
     # -- tables ----------------------------------------------------------------------------------------------
 
-    def render(self, title: str) -> Group:
-        resources = self.devices()["resources"]
+    def render(self, title: str, resources: list[dict[str, Any]]) -> Group:
         summary = Table(title_justify="left")
         for column in ("resource", "plugin", "capacity", "allocatable", "healthy", "allocated"):
             summary.add_column(column, justify="left" if column in ("resource", "plugin") else "right")
@@ -317,7 +309,7 @@ class Demo:
                 devices.add_row(
                     resource["name"],
                     device["id"],
-                    Text(device["health"], style="green" if device["health"] == "Healthy" else "bold red"),
+                    Text(device["health"], style="green" if device["health"] == HEALTHY else "bold red"),
                     ",".join(str(n) for n in device["numaNodes"]) or "-",
                     f"{owner['namespace']}/{owner['pod']}/{owner['container']}" if owner else "",
                 )

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         plugin_parser.add_argument(
             "--plugin-dir",
             type=Path,
-            default=Path(DEFAULT_PLUGIN_DIR),
+            default=DEFAULT_PLUGIN_DIR,
             help="where kubelet.sock is and the plugin's socket goes [%(default)s]",
         )
         plugin_parser.add_argument(

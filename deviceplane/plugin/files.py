@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def list_devices(directory: Path, warned: set[str] | None = None) -> list[Device]:
-    """The devices `directory` holds right now, sorted by id."""
+def list_devices(directory: Path, warned: set[str]) -> list[Device]:
+    """The devices `directory` holds right now, sorted by id; `warned`: unreadable files already reported."""
     devices = []
     with os.scandir(directory) as entries:
         for entry in entries:
@@ -50,7 +50,7 @@ def list_devices(directory: Path, warned: set[str] | None = None) -> list[Device
                     continue
             except OSError:
                 continue
-            if warned is not None and entry.name not in warned and not os.access(entry.path, os.R_OK):
+            if entry.name not in warned and not os.access(entry.path, os.R_OK):
                 warned.add(entry.name)
                 log.warning("%s is not readable by the plugin; it is still offered as a device", entry.path)
             devices.append(Device(entry.name))

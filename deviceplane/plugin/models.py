@@ -10,9 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-
-HEALTHY = "Healthy"
-UNHEALTHY = "Unhealthy"
+from deviceplane.core.constants import HEALTHY, UNHEALTHY
 
 
 @dataclass(frozen=True)

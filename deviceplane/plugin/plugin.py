@@ -16,18 +16,19 @@ from typing import Any
 import grpc
 from watchfiles import Change
 
+from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET_NAME
 from deviceplane.plugin.devices import DeviceSet
 from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook
 from deviceplane.plugin.models import Device
 from deviceplane.plugin.names import MAX_SOCKET_PATH, check_resource_name, socket_file_name
-from deviceplane.plugin.registration import KUBELET_SOCKET, register
+from deviceplane.plugin.registration import register
 from deviceplane.plugin.service import Hooks, build_server
 from deviceplane.plugin.signals import stop_on_signals
 from deviceplane.plugin.watch import dir_changes
 
 log = logging.getLogger("deviceplane.plugin")
 
-DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_PLUGIN_DIR = Path(DEVICE_PLUGIN_PATH)
 # Environment fallbacks, so an unmodified plugin script can be pointed elsewhere (tests, containers).
 PLUGIN_DIR_ENV = "DEVICEPLANE_PLUGIN_DIR"
 REGISTRY_DIR_ENV = "DEVICEPLANE_REGISTRY_DIR"
@@ -88,9 +89,10 @@ class DevicePlugin:
         self.plugin_dir = Path(plugin_dir or os.environ.get(PLUGIN_DIR_ENV) or DEFAULT_PLUGIN_DIR).absolute()
         registry = registry_dir or os.environ.get(REGISTRY_DIR_ENV)
         self.registry_dir = Path(registry).absolute() if registry else None
+        # The first instance in a process gets socket_file_name's plain pid suffix; later ones add their number.
         number = next(_instance_numbers)
-        suffix = f"{os.getpid()}" if number == 0 else f"{os.getpid()}-{number}"
-        self.socket_path = (self.registry_dir or self.plugin_dir) / socket_file_name(resource, suffix)
+        name = socket_file_name(resource, f"{os.getpid()}-{number}" if number else None)
+        self.socket_path = (self.registry_dir or self.plugin_dir) / name
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
@@ -144,6 +146,8 @@ class DevicePlugin:
         """
         if self._loop is not None:
             raise RuntimeError(f"plugin {self.resource} is already serving")
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
+            raise PluginError(f"socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes")
         self._prepare_directory(self.socket_path.parent)
         self._loop = asyncio.get_running_loop()
         self._stop_requested = asyncio.Event()
@@ -177,17 +181,14 @@ class DevicePlugin:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._devices.close()
+        self._devices.close()  # also detaches it from the loop
         await self._stop_server()
-        self._devices.attach(None)
         self._loop = None
         log.info("%s: stopped", self.resource)
 
     # -- the gRPC server on our socket ----------------------------------------------------------------------
 
     def _prepare_directory(self, directory: Path) -> None:
-        if len(str(self.socket_path)) > MAX_SOCKET_PATH:
-            raise PluginError(f"socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes")
         if directory.exists() and not directory.is_dir():
             raise PluginError(f"{directory} is not a directory")
         try:
@@ -235,7 +236,7 @@ class DevicePlugin:
 
     @property
     def _kubelet_socket(self) -> Path:
-        return self.plugin_dir / KUBELET_SOCKET
+        return self.plugin_dir / KUBELET_SOCKET_NAME
 
     async def _watch(self) -> None:
         async for changes in dir_changes(self.socket_path.parent, self._watch_stop):
@@ -259,7 +260,7 @@ class DevicePlugin:
         if self.registry_dir is not None:
             return
         kubelet = socket_identity(self._kubelet_socket)
-        recreated = (Change.added, KUBELET_SOCKET) in changes
+        recreated = (Change.added, KUBELET_SOCKET_NAME) in changes
         if kubelet is not None and (recreated or (not self._register_in_flight and kubelet != self._registered_with)):
             self._need_register.set()
 

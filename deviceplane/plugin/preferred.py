@@ -7,15 +7,10 @@ close together and leaves whole nodes free for others. Deterministic, unlike Go 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 
-NO_NUMA = -1
-
-
-def natural_key(device_id: str) -> tuple[tuple[int, int | str], ...]:
-    """ "sim-2" before "sim-10"."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", device_id) if part)
+from deviceplane.core.allocator import natural_key
+from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
 
 
 def pack_on_numa(
@@ -28,7 +23,7 @@ def pack_on_numa(
     by_node: dict[int, list[str]] = {}
     for device_id in dict.fromkeys(available):
         if device_id not in taken:
-            nodes = numa_of.get(device_id) or (NO_NUMA,)
+            nodes = numa_of.get(device_id) or (NODE_WITHOUT_TOPOLOGY,)
             by_node.setdefault(min(nodes), []).append(device_id)
     for _, ids in sorted(by_node.items(), key=lambda item: (-len(item[1]), item[0])):
         for device_id in sorted(ids, key=natural_key):

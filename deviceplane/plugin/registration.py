@@ -8,9 +8,8 @@ import grpc
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplane.plugin.service import API_VERSION
+from deviceplane.core.constants import VERSION
 
-KUBELET_SOCKET = "kubelet.sock"
 # The kubelet dials the plugin back (up to 10 s) before it answers Register.
 REGISTER_TIMEOUT = 15.0
 
@@ -25,5 +24,5 @@ async def register(
     """Register `resource` served on `endpoint` (a file name next to kubelet.sock). Raises grpc.aio.AioRpcError."""
     async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
         stub = pb_grpc.RegistrationStub(channel)
-        request = pb.RegisterRequest(version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options)
+        request = pb.RegisterRequest(version=VERSION, endpoint=endpoint, resource_name=resource, options=options)
         await stub.Register(request, timeout=timeout)

@@ -17,13 +17,12 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from deviceplane.core.constants import PLUGIN_TYPE_DEVICE_PLUGIN, SUPPORTED_VERSIONS
 from deviceplane.plugin.devices import DeviceSet
 from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook, abort, call_hook
 from deviceplane.plugin.models import Allocation
 
 log = logging.getLogger("deviceplane.plugin")
-
-API_VERSION = "v1beta1"
 
 Context = grpc.aio.ServicerContext[Any, Any]
 
@@ -124,7 +123,7 @@ class RegistrationService(reg_pb_grpc.RegistrationServicer):
     async def GetInfo(self, request: reg_pb.InfoRequest, context: Context) -> reg_pb.PluginInfo:
         # endpoint "" = "the DevicePlugin service is on this same socket".
         return reg_pb.PluginInfo(
-            type="DevicePlugin", name=self._resource, endpoint="", supported_versions=[API_VERSION]
+            type=PLUGIN_TYPE_DEVICE_PLUGIN, name=self._resource, endpoint="", supported_versions=SUPPORTED_VERSIONS
         )
 
     async def NotifyRegistrationStatus(

@@ -42,7 +42,8 @@ def _count(text: str) -> int:
     return value
 
 
-def _rate(text: str) -> float:
+def non_negative_float(text: str) -> float:
+    """argparse type for a finite number >= 0 (a rate here; the demo's --duration too)."""
     try:
         value = float(text)
     except ValueError:
@@ -66,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--control", type=_address, metavar="HOST:PORT", help="serve the HTTP control endpoint here (port 0: any)"
     )
-    parser.add_argument("--flap-rate", type=_rate, default=0.0, help="random health flips per second [0 = off]")
+    parser.add_argument(
+        "--flap-rate", type=non_negative_float, default=0.0, help="random health flips per second [0 = off]"
+    )
     parser.add_argument("--seed", type=int, help="seed for --flap-rate (default: random)")
     parser.add_argument("--no-preferred-allocation", action="store_true", help="do not offer GetPreferredAllocation")
     parser.add_argument("--no-pre-start", action="store_true", help="do not ask for PreStartContainer")

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from deviceplane.plugin.models import HEALTHY, UNHEALTHY
+from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.plugin.plugin import PluginError
 from deviceplane.plugin.sim import RPCS, Fault, SimPlugin
 
@@ -36,17 +36,16 @@ def _sim(request: web.Request) -> SimPlugin:
     return request.app[SIM_KEY]
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+def _http_error(error: type[web.HTTPError], message: str) -> web.HTTPError:
+    """An error response with a JSON body, to raise."""
+    return error(text=json.dumps({"error": message}), content_type="application/json")
 
 
 async def _json_body(request: web.Request) -> Any:
     try:
         return await request.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"error": "body must be JSON"}), content_type="application/json"
-        ) from None
+        raise _http_error(web.HTTPBadRequest, "body must be JSON") from None
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -74,7 +73,7 @@ def _set_health(request: web.Request, changes: dict[str, bool]) -> web.Response:
     try:
         _sim(request).set_health(changes)
     except KeyError as err:
-        return _error(404, str(err.args[0]))
+        raise _http_error(web.HTTPNotFound, str(err.args[0])) from None
     return web.json_response({"ok": True})
 
 
@@ -89,7 +88,7 @@ async def mark_unhealthy(request: web.Request) -> web.Response:
 async def set_health(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if not isinstance(body, dict) or not all(isinstance(v, bool) for v in body.values()):
-        return _error(400, 'expected {"<device id>": true|false, ...}')
+        raise _http_error(web.HTTPBadRequest, 'expected {"<device id>": true|false, ...}')
     return _set_health(request, body)
 
 
@@ -111,7 +110,7 @@ async def get_faults(request: web.Request) -> web.Response:
 def _rpc(request: web.Request) -> str:
     rpc = request.match_info["rpc"]
     if rpc not in RPCS:
-        raise web.HTTPNotFound(text=json.dumps({"error": f"unknown RPC {rpc!r}; one of {', '.join(RPCS)}"}))
+        raise _http_error(web.HTTPNotFound, f"unknown RPC {rpc!r}; one of {', '.join(RPCS)}")
     return rpc
 
 
@@ -120,7 +119,7 @@ async def put_fault(request: web.Request) -> web.Response:
     try:
         fault = Fault.from_json(await _json_body(request))
     except ValueError as err:
-        return _error(400, str(err))
+        raise _http_error(web.HTTPBadRequest, str(err)) from None
     _sim(request).faults[rpc] = fault
     return web.json_response({"ok": True})
 
@@ -134,7 +133,7 @@ async def put_flap(request: web.Request) -> web.Response:
     body = await _json_body(request)
     rate = body.get("rate") if isinstance(body, dict) else None
     if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate) or rate < 0:
-        return _error(400, 'expected {"rate": <flips per second, >= 0>}')
+        raise _http_error(web.HTTPBadRequest, 'expected {"rate": <flips per second, >= 0>}')
     _sim(request).flap_rate = float(rate)
     return web.json_response({"ok": True})
 
@@ -156,10 +155,6 @@ def build_app(sim: SimPlugin) -> web.Application:
     return app
 
 
-class ControlError(PluginError):
-    """The control endpoint cannot be served (address in use, bad host)."""
-
-
 async def start_control(sim: SimPlugin, host: str, port: int) -> web.AppRunner:
     runner = web.AppRunner(build_app(sim), access_log=None)
     await runner.setup()
@@ -167,7 +162,7 @@ async def start_control(sim: SimPlugin, host: str, port: int) -> web.AppRunner:
         await web.TCPSite(runner, host, port).start()
     except OSError as err:
         await runner.cleanup()
-        raise ControlError(f"cannot serve the control endpoint on {host}:{port}: {err.strerror}") from None
+        raise PluginError(f"cannot serve the control endpoint on {host}:{port}: {err.strerror}") from None
     bound_host, bound_port = runner.addresses[0][:2]
     print(f"control: http://{bound_host}:{bound_port}", flush=True)
     return runner

@@ -1,4 +1,7 @@
-"""Our plugins against the real agent: both processes real, registration over the agent's kubelet.sock."""
+"""Our plugins against the real agent: both processes real, registration over the agent's kubelet.sock.
+
+The checks passed to wait_until make blocking HTTP calls: fine here, nothing in the test's own loop serves them.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.plugins import PluginProcess, short_tmpdir
-from tests.support.plugins import wait_until as _wait_until
+from tests.support.plugins import PluginProcess, short_tmpdir, wait_until
 from tests.support.procs import ROOT, AgentProcess, child_env
 
 SIM = "example.com/sim"
@@ -42,18 +44,12 @@ class Env:
 
     def close(self) -> None:
         for proc in self.plugins:
-            proc.proc.kill()
-            proc.proc.wait()
+            proc.kill()
         for other in self.others:
             other.kill()
             other.wait()
         for agent in self.agents:
             agent.stop(signal.SIGKILL)
-
-
-async def wait_until(check: Callable[[], object], within: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    # Blocking HTTP calls to other processes are fine here: nothing in this test's loop serves them.
-    return await _wait_until(check, within=within, what=what)
 
 
 @pytest.fixture

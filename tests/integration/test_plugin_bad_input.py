@@ -3,18 +3,10 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
-from tests.support.plugins import FakeKubelet, PluginProcess, run_plugin_cli, short_tmpdir, wait_until
-
-
-@pytest.fixture
-def tmp() -> AsyncIterator[Path]:
-    with short_tmpdir() as path:
-        yield path  # type: ignore[misc]
+from tests.support.plugins import FakeKubelet, PluginProcess, run_plugin_cli, wait_until
 
 
 def assert_usage_error(result, *fragments: str) -> None:
@@ -24,20 +16,20 @@ def assert_usage_error(result, *fragments: str) -> None:
         assert fragment in result.stderr, result.stderr
 
 
-def test_files_missing_dir(tmp):
-    result = run_plugin_cli("files", "--plugin-dir", str(tmp / "dp"), "--dir", str(tmp / "nope"))
-    assert_usage_error(result, f"deviceplane plugin files: error: --dir {tmp / 'nope'}: no such directory")
-    assert not (tmp / "dp").exists()  # refused before touching anything
+def test_files_missing_dir(short_tmp):
+    result = run_plugin_cli("files", "--plugin-dir", str(short_tmp / "dp"), "--dir", str(short_tmp / "nope"))
+    assert_usage_error(result, f"deviceplane plugin files: error: --dir {short_tmp / 'nope'}: no such directory")
+    assert not (short_tmp / "dp").exists()  # refused before touching anything
 
 
-def test_files_dir_is_a_file(tmp):
-    (tmp / "f").write_text("")
-    result = run_plugin_cli("files", "--plugin-dir", str(tmp / "dp"), "--dir", str(tmp / "f"))
+def test_files_dir_is_a_file(short_tmp):
+    (short_tmp / "f").write_text("")
+    result = run_plugin_cli("files", "--plugin-dir", str(short_tmp / "dp"), "--dir", str(short_tmp / "f"))
     assert_usage_error(result, "not a directory")
 
 
-def test_files_requires_dir(tmp):
-    assert_usage_error(run_plugin_cli("files", "--plugin-dir", str(tmp)), "--dir")
+def test_files_requires_dir(short_tmp):
+    assert_usage_error(run_plugin_cli("files", "--plugin-dir", str(short_tmp)), "--dir")
 
 
 @pytest.mark.parametrize(
@@ -53,8 +45,8 @@ def test_files_requires_dir(tmp):
         (["--control", "127.0.0.1:99999"], "argument --control: expected HOST:PORT"),
     ],
 )
-def test_sim_bad_numbers(tmp, args, message):
-    assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(tmp), *args), message)
+def test_sim_bad_numbers(short_tmp, args, message):
+    assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(short_tmp), *args), message)
 
 
 @pytest.mark.parametrize(
@@ -71,31 +63,33 @@ def test_sim_bad_numbers(tmp, args, message):
     ],
 )
 @pytest.mark.parametrize("kind", ["sim", "files"])
-def test_invalid_resource_names(tmp, kind, resource):
-    extra = ["--dir", str(tmp)] if kind == "files" else []
-    result = run_plugin_cli(kind, "--plugin-dir", str(tmp / "dp"), *extra, "--resource", resource)
+def test_invalid_resource_names(short_tmp, kind, resource):
+    extra = ["--dir", str(short_tmp)] if kind == "files" else []
+    result = run_plugin_cli(kind, "--plugin-dir", str(short_tmp / "dp"), *extra, "--resource", resource)
     assert_usage_error(result, f"error: invalid resource name {resource!r}")
-    assert not (tmp / "dp").exists()
+    assert not (short_tmp / "dp").exists()
 
 
-def test_plugin_dir_is_a_file(tmp):
-    (tmp / "file").write_text("")
-    assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(tmp / "file")), f"{tmp / 'file'} is not a directory")
+def test_plugin_dir_is_a_file(short_tmp):
+    (short_tmp / "file").write_text("")
+    assert_usage_error(
+        run_plugin_cli("sim", "--plugin-dir", str(short_tmp / "file")), f"{short_tmp / 'file'} is not a directory"
+    )
 
 
-def test_socket_path_too_long(tmp):
-    deep = tmp / ("d" * 100)
+def test_socket_path_too_long(short_tmp):
+    deep = short_tmp / ("d" * 100)
     assert_usage_error(run_plugin_cli("sim", "--plugin-dir", str(deep)), "is longer than 107 bytes")
 
 
-def test_control_address_in_use(tmp):
+def test_control_address_in_use(short_tmp):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_plugin_cli("sim", "--plugin-dir", str(tmp / "dp"), "--control", f"127.0.0.1:{port}")
+        result = run_plugin_cli("sim", "--plugin-dir", str(short_tmp / "dp"), "--control", f"127.0.0.1:{port}")
     assert_usage_error(result, f"cannot serve the control endpoint on 127.0.0.1:{port}")
-    assert not (tmp / "dp").exists() or list((tmp / "dp").iterdir()) == []  # nothing left behind
+    assert not (short_tmp / "dp").exists() or list((short_tmp / "dp").iterdir()) == []  # nothing left behind
 
 
 def test_missing_plugin_name():
@@ -103,9 +97,9 @@ def test_missing_plugin_name():
     assert result.returncode == 2 and "PLUGIN" in result.stderr and "Traceback" not in result.stderr
 
 
-async def test_sim_count_zero_registers_no_devices(tmp):
-    kubelet = await FakeKubelet(tmp / "dp").start()
-    proc = PluginProcess(tmp, "sim", "--plugin-dir", str(tmp / "dp"), "--count", "0", "--numa", "2",
+async def test_sim_count_zero_registers_no_devices(short_tmp):
+    kubelet = await FakeKubelet(short_tmp / "dp").start()
+    proc = PluginProcess(short_tmp, "sim", "--plugin-dir", str(short_tmp / "dp"), "--count", "0", "--numa", "2",
                          "--control", "127.0.0.1:0")  # fmt: skip
     try:
         connection = await wait_until(lambda: kubelet.latest("example.com/sim"), within=15, what="registration")
@@ -114,6 +108,5 @@ async def test_sim_count_zero_registers_no_devices(tmp):
         assert proc.control("GET", "/devices")["devices"] == []
         assert proc.stop() == 0
     finally:
-        proc.proc.kill()
-        proc.proc.wait()
+        proc.kill()
         await kubelet.stop()

@@ -23,8 +23,7 @@ async def setup() -> AsyncIterator[tuple[Path, FakeKubelet, list[PluginProcess]]
             yield tmp, kubelet, started
         finally:
             for proc in started:
-                proc.proc.kill()
-                proc.proc.wait()
+                proc.kill()
             await kubelet.stop()
 
 

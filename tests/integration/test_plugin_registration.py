@@ -14,18 +14,12 @@ import grpc
 import pytest
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from tests.support.plugins import FakeKubelet, FakePluginWatcher, PluginProcess, short_tmpdir, wait_until
+from tests.support.plugins import FakeKubelet, FakePluginWatcher, PluginProcess, wait_until
 
 
 @pytest.fixture
-async def tmp() -> AsyncIterator[Path]:
-    with short_tmpdir() as path:
-        yield path
-
-
-@pytest.fixture
-async def kubelet(tmp: Path) -> AsyncIterator[FakeKubelet]:
-    fake = await FakeKubelet(tmp / "dp").start()
+async def kubelet(short_tmp: Path) -> AsyncIterator[FakeKubelet]:
+    fake = await FakeKubelet(short_tmp / "dp").start()
     yield fake
     await fake.stop()
 
@@ -35,9 +29,7 @@ def processes() -> AsyncIterator[list[PluginProcess]]:
     started: list[PluginProcess] = []
     yield started  # type: ignore[misc]
     for proc in started:
-        if proc.proc.poll() is None:
-            proc.proc.kill()
-            proc.proc.wait()
+        proc.kill()
 
 
 def sim(processes: list[PluginProcess], tmp: Path, *args: str) -> PluginProcess:
@@ -50,13 +42,13 @@ def plugin_sockets(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.is_socket() and p.name != "kubelet.sock")
 
 
-async def test_registers_with_kubelet_sock_after_serving(tmp, kubelet, processes):
-    proc = sim(processes, tmp, "--count", "4", "--numa", "2")
+async def test_registers_with_kubelet_sock_after_serving(short_tmp, kubelet, processes):
+    proc = sim(processes, short_tmp, "--count", "4", "--numa", "2")
     connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     request = kubelet.requests[-1]
     assert request.version == "v1beta1"
     # Relative endpoint: a bare file name next to kubelet.sock, and the plugin was already serving on it.
-    assert "/" not in request.endpoint and (tmp / "dp" / request.endpoint).is_socket()
+    assert "/" not in request.endpoint and (short_tmp / "dp" / request.endpoint).is_socket()
     assert request.endpoint == f"example.com_sim-{proc.proc.pid}.sock"
     assert connection.options == pb.DevicePluginOptions(
         pre_start_required=True, get_preferred_allocation_available=True
@@ -70,20 +62,20 @@ async def test_registers_with_kubelet_sock_after_serving(tmp, kubelet, processes
         "sim-3": ("Healthy", (1,)),
     }
     assert proc.stop() == 0
-    assert plugin_sockets(tmp / "dp") == []  # clean shutdown removes its socket
+    assert plugin_sockets(short_tmp / "dp") == []  # clean shutdown removes its socket
 
 
-async def test_options_follow_hooks(tmp, kubelet, processes):
-    sim(processes, tmp, "--no-pre-start", "--no-preferred-allocation")
+async def test_options_follow_hooks(short_tmp, kubelet, processes):
+    sim(processes, short_tmp, "--no-pre-start", "--no-preferred-allocation")
     connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     assert connection.options == pb.DevicePluginOptions()
 
 
-async def test_registers_through_plugins_registry(tmp, processes):
-    registry = tmp / "plugins_registry"
+async def test_registers_through_plugins_registry(short_tmp, processes):
+    registry = short_tmp / "plugins_registry"
     watcher = FakePluginWatcher(registry).start()
     try:
-        proc = PluginProcess(tmp, "sim", "--registry-dir", str(registry), "--plugin-dir", str(tmp / "dp"),
+        proc = PluginProcess(short_tmp, "sim", "--registry-dir", str(registry), "--plugin-dir", str(short_tmp / "dp"),
                              "--count", "2", "--control", "127.0.0.1:0")  # fmt: skip
         processes.append(proc)
         connection = await wait_until(lambda: watcher.connections and watcher.connections[-1], what="watcher")
@@ -93,7 +85,7 @@ async def test_registers_through_plugins_registry(tmp, processes):
         )  # fmt: skip
         # The socket lives in the registry dir; nothing goes to the device-plugin dir in this mode.
         assert connection.socket.parent == registry
-        assert not (tmp / "dp").exists() or plugin_sockets(tmp / "dp") == []
+        assert not (short_tmp / "dp").exists() or plugin_sockets(short_tmp / "dp") == []
         assert await wait_until(lambda: connection.latest, what="snapshot") == {
             "sim-0": ("Healthy", (0,)),
             "sim-1": ("Healthy", (0,)),
@@ -106,11 +98,11 @@ async def test_registers_through_plugins_registry(tmp, processes):
         await watcher.stop()
 
 
-async def test_rejected_plugin_watcher_registration_is_logged(tmp, processes):
-    registry = tmp / "plugins_registry"
+async def test_rejected_plugin_watcher_registration_is_logged(short_tmp, processes):
+    registry = short_tmp / "plugins_registry"
     watcher = FakePluginWatcher(registry, accept=False).start()
     try:
-        proc = PluginProcess(tmp, "sim", "--registry-dir", str(registry), "--control", "127.0.0.1:0")
+        proc = PluginProcess(short_tmp, "sim", "--registry-dir", str(registry), "--control", "127.0.0.1:0")
         processes.append(proc)
         await wait_until(lambda: "registration rejected: RegisterPlugin error -- rejected" in proc.stderr, what="log")
         assert proc.control("GET", "/devices")["registrations"] == 0
@@ -118,11 +110,11 @@ async def test_rejected_plugin_watcher_registration_is_logged(tmp, processes):
         await watcher.stop()
 
 
-async def test_waits_for_kubelet_sock_then_registers(tmp, processes):
-    proc = sim(processes, tmp)
+async def test_waits_for_kubelet_sock_then_registers(short_tmp, processes):
+    proc = sim(processes, short_tmp)
     await wait_until(lambda: "does not exist (yet)" in proc.stderr, what="first failed attempt")
     await asyncio.sleep(1.5)  # let the retry backoff grow: registration must still be prompt once kubelet appears
-    fake = await FakeKubelet(tmp / "dp").start()
+    fake = await FakeKubelet(short_tmp / "dp").start()
     try:
         started = time.monotonic()
         await wait_until(lambda: fake.latest("example.com/sim"), within=2, what="registration")
@@ -143,12 +135,12 @@ async def kubelet_restart(tmp: Path, old: FakeKubelet) -> FakeKubelet:
     return await FakeKubelet(tmp / "dp").start()
 
 
-async def test_reregisters_within_2s_after_kubelet_restart(tmp, kubelet, processes):
-    proc = sim(processes, tmp)
+async def test_reregisters_within_2s_after_kubelet_restart(short_tmp, kubelet, processes):
+    proc = sim(processes, short_tmp)
     await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     fake = kubelet
     for _ in range(3):
-        fake = await kubelet_restart(tmp, fake)
+        fake = await kubelet_restart(short_tmp, fake)
         started = time.monotonic()
         connection = await wait_until(lambda f=fake: f.latest("example.com/sim"), within=2, what="re-registration")
         assert time.monotonic() - started < 2
@@ -158,14 +150,14 @@ async def test_reregisters_within_2s_after_kubelet_restart(tmp, kubelet, process
     assert proc.proc.poll() is None
 
 
-async def test_reregisters_within_2s_when_kubelet_sock_recreated(tmp, kubelet, processes):
+async def test_reregisters_within_2s_when_kubelet_sock_recreated(short_tmp, kubelet, processes):
     """Only kubelet.sock goes away and comes back; the plugin's own socket is untouched."""
-    sim(processes, tmp)
+    sim(processes, short_tmp)
     first = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     await kubelet.stop()
-    (tmp / "dp" / "kubelet.sock").unlink(missing_ok=True)
+    (short_tmp / "dp" / "kubelet.sock").unlink(missing_ok=True)
     await asyncio.sleep(0.3)
-    fake = await FakeKubelet(tmp / "dp").start()
+    fake = await FakeKubelet(short_tmp / "dp").start()
     try:
         started = time.monotonic()
         again = await wait_until(lambda: fake.latest("example.com/sim"), within=2, what="re-registration")
@@ -175,8 +167,8 @@ async def test_reregisters_within_2s_when_kubelet_sock_recreated(tmp, kubelet, p
         await fake.stop()
 
 
-async def test_serves_again_when_its_socket_is_deleted(tmp, kubelet, processes):
-    sim(processes, tmp)
+async def test_serves_again_when_its_socket_is_deleted(short_tmp, kubelet, processes):
+    sim(processes, short_tmp)
     first = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     first.socket.unlink()
     started = time.monotonic()
@@ -187,14 +179,14 @@ async def test_serves_again_when_its_socket_is_deleted(tmp, kubelet, processes):
     assert await wait_until(lambda: second.latest, what="snapshot")
 
 
-async def test_no_fd_leak_across_restarts(tmp, kubelet, processes):
-    proc = sim(processes, tmp)
+async def test_no_fd_leak_across_restarts(short_tmp, kubelet, processes):
+    proc = sim(processes, short_tmp)
     await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
-    fake = await kubelet_restart(tmp, kubelet)  # warm-up: first restart allocates lazily-created things
+    fake = await kubelet_restart(short_tmp, kubelet)  # warm-up: first restart allocates lazily-created things
     await wait_until(lambda: fake.latest("example.com/sim"), what="registration")
     before = len(os.listdir(f"/proc/{proc.proc.pid}/fd"))
     for _ in range(8):
-        fake = await kubelet_restart(tmp, fake)
+        fake = await kubelet_restart(short_tmp, fake)
         await wait_until(lambda f=fake: f.latest("example.com/sim") and f.latest("example.com/sim").latest,
                          what="re-registration")  # fmt: skip
     await asyncio.sleep(0.5)
@@ -204,8 +196,8 @@ async def test_no_fd_leak_across_restarts(tmp, kubelet, processes):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-async def test_signal_stops_cleanly_and_removes_socket(tmp, kubelet, processes, sig):
-    proc = sim(processes, tmp)
+async def test_signal_stops_cleanly_and_removes_socket(short_tmp, kubelet, processes, sig):
+    proc = sim(processes, short_tmp)
     connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     await wait_until(lambda: connection.latest, what="stream open")
     assert proc.stop(sig, timeout=5) == 0
@@ -214,8 +206,8 @@ async def test_signal_stops_cleanly_and_removes_socket(tmp, kubelet, processes, 
     assert "Traceback" not in proc.stderr
 
 
-async def test_allocate_on_removed_device_is_an_error(tmp, kubelet, processes):
-    sim(processes, tmp, "--count", "1")
+async def test_allocate_on_removed_device_is_an_error(short_tmp, kubelet, processes):
+    sim(processes, short_tmp, "--count", "1")
     connection = await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim-7"])])
     with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -224,13 +216,13 @@ async def test_allocate_on_removed_device_is_an_error(tmp, kubelet, processes):
     assert err.value.details() == "invalid allocation request with non-existing device sim-7"
 
 
-async def test_survives_its_directory_being_removed_and_recreated(tmp, kubelet, processes):
-    proc = sim(processes, tmp)
+async def test_survives_its_directory_being_removed_and_recreated(short_tmp, kubelet, processes):
+    proc = sim(processes, short_tmp)
     await wait_until(lambda: kubelet.latest("example.com/sim"), what="registration")
     await kubelet.stop()
-    shutil.rmtree(tmp / "dp")
+    shutil.rmtree(short_tmp / "dp")
     await asyncio.sleep(0.5)
-    fake = await FakeKubelet(tmp / "dp").start()  # re-creates the directory, like a kubelet starting up
+    fake = await FakeKubelet(short_tmp / "dp").start()  # re-creates the directory, like a kubelet starting up
     try:
         connection = await wait_until(lambda: fake.latest("example.com/sim"), within=1, what="re-registration")
         assert await wait_until(lambda: connection.latest, what="snapshot")

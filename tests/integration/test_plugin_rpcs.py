@@ -24,8 +24,7 @@ async def env() -> AsyncIterator[tuple[PluginProcess, Connection, FakeKubelet]]:
             await wait_until(lambda: connection.latest, what="first snapshot")
             yield proc, connection, kubelet
         finally:
-            proc.proc.kill()
-            proc.proc.wait()
+            proc.kill()
             await kubelet.stop()
 
 

@@ -228,9 +228,7 @@ class PluginProcess:
     """`python -m deviceplane plugin <kind> ...` with its output in files (no pipe can fill up and block it)."""
 
     def __init__(self, workdir: Path, kind: str, *args: str) -> None:
-        self.workdir = workdir
         self.kind = kind
-        self.args = args
         workdir.mkdir(parents=True, exist_ok=True)
         stamp = f"{kind}-{time.monotonic_ns()}"
         self.stdout_path = workdir / f"{stamp}.out"
@@ -274,8 +272,11 @@ class PluginProcess:
             raise AssertionError(f"{method} {path}: {err.code} {err.read().decode()}") from None
         return json.loads(text) if text.startswith(("{", "[")) else text
 
-    def wait(self, timeout: float = 15.0) -> int:
-        return self.proc.wait(timeout)
+    def kill(self) -> None:
+        """SIGKILL if still running, and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         if self.proc.poll() is None:
@@ -283,8 +284,7 @@ class PluginProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                self.kill()
                 raise AssertionError(f"{self.kind} did not stop on signal {sig} within {timeout}s") from None
         return self.proc.returncode
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
 
 from deviceplane.plugin import Device, DevicePlugin, PluginError
 from deviceplane.plugin.sim import Fault
+from tests.support.plugins import short_tmpdir, wait_until
 
 
 def test_invalid_resource_is_value_error():
@@ -43,21 +42,13 @@ async def test_long_socket_path_is_a_plugin_error():
         await plugin.serve()
 
 
-async def wait_for_socket(plugin: DevicePlugin) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while not plugin.socket_path.exists():
-        assert asyncio.get_running_loop().time() < deadline, "plugin never served"
-        await asyncio.sleep(0.02)
-
-
 async def test_serve_cancel_and_stop_leave_nothing():
-    directory = Path(tempfile.mkdtemp(prefix="dpu-", dir="/tmp"))
-    fds_before = len(os.listdir("/proc/self/fd"))
-    tasks_before = asyncio.all_tasks()
-    try:
+    with short_tmpdir() as directory:
+        fds_before = len(os.listdir("/proc/self/fd"))
+        tasks_before = asyncio.all_tasks()
         plugin = DevicePlugin("example.com/a", [Device("x")], plugin_dir=directory)
         serving = asyncio.create_task(plugin.serve(handle_signals=False))
-        await wait_for_socket(plugin)
+        await wait_until(plugin.socket_path.exists, within=5, what="plugin serving")
         with pytest.raises(RuntimeError, match="already serving"):
             await plugin.serve()
         plugin.stop()
@@ -66,7 +57,7 @@ async def test_serve_cancel_and_stop_leave_nothing():
 
         # Cancellation (e.g. Ctrl-C under asyncio.run) cleans up too, and the plugin can serve again.
         serving = asyncio.create_task(plugin.serve(handle_signals=False))
-        await wait_for_socket(plugin)
+        await wait_until(plugin.socket_path.exists, within=5, what="plugin serving")
         serving.cancel()
         with pytest.raises(asyncio.CancelledError):
             await serving
@@ -74,8 +65,6 @@ async def test_serve_cancel_and_stop_leave_nothing():
         await asyncio.sleep(0.1)
         assert asyncio.all_tasks() - tasks_before == set()
         assert len(os.listdir("/proc/self/fd")) <= fds_before + 2  # gRPC keeps a few process-wide fds
-    finally:
-        shutil.rmtree(directory)
 
 
 def test_fault_parsing():
