@@ -228,12 +228,12 @@ class AdmissionController:
             self.store.begin(pod.uid)
             outcome = await self._allocate(pod)
             if outcome.restored:
-                self.store.commit(pod.uid)
+                self._commit(pod)
             else:
                 # PreStartContainer (the container's start) comes before durability: a crash in between leaves
                 # nothing restorable, so a restored pod has always had its PreStart.
                 await self._pre_start(pod)
-                await self._durable(pod.uid)
+                await self._durable(pod)
         except asyncio.CancelledError:
             self._release(pod.uid, "admission cancelled")
             raise
@@ -351,14 +351,24 @@ class AdmissionController:
         if self.metrics is not None:
             self.metrics.allocations_total.labels(resource, result).inc()
 
-    async def _durable(self, pod_uid: str) -> None:
-        """Journal the pod's allocations and wait until they are on disk.
+    def _commit(self, pod: Pod) -> None:
+        """The admission is complete: the pod may enter the checkpoint. Run-option conflicts (spec §4.10: the first
+        value wins, upstream only logs the others) are logged here, once per container."""
+        self.store.commit(pod.uid)
+        for container in pod.all_containers:
+            options = self.pod_devices.run_options(pod.uid, container.name, [r for r, _ in container.limits])
+            if options is not None and options.conflicts:
+                log.warning(
+                    "conflicting run options",
+                    extra={"pod": pod.key, "uid": pod.uid, "container": container.name,
+                           "conflicts": options.conflicts},
+                )  # fmt: skip
 
-        Appending them here rather than at each commit is safe: only this task changes the pod's entries until it
-        ends, so per pod the journal order still matches the order of changes, and a record appended late lands in
-        a later segment than any rotation point it follows (the checkpoint taken at that point already holds it)."""
-        self.store.commit(pod_uid)
-        futures = [self.store.allocated(a) for a in self.pod_devices.allocations(pod_uid)]
+    async def _durable(self, pod: Pod) -> None:
+        """Commit the pod, journal its allocations and wait until they are on disk (see AllocationStore.allocated
+        for why appending them here, after PreStartContainer, keeps the journal's order)."""
+        self._commit(pod)
+        futures = [self.store.allocated(a) for a in self.pod_devices.allocations(pod.uid)]
         if futures:
             await asyncio.gather(*futures)
 

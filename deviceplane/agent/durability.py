@@ -24,19 +24,16 @@ from deviceplane.core.pod_devices import Allocation, PodDevices
 log = logging.getLogger("deviceplane.durability")
 
 # The background checkpoint runs at most this often, and never more than 1/PACING of the time: its encoding is
-# pure-Python work that competes with admissions for the GIL (about 45 ms for 5,000 entries).
+# pure-Python work that competes with admissions for the GIL (70-110 ms for 5,000 entries, benchmarks/allocation.py).
 MIN_CHECKPOINT_INTERVAL_SECONDS = 1.0
 CHECKPOINT_PACING = 50.0
 
 
 class AllocationStore:
-    def __init__(
-        self, manager: DeviceManager, pod_devices: PodDevices, directory: Path, min_interval: float | None = None
-    ) -> None:
+    def __init__(self, manager: DeviceManager, pod_devices: PodDevices, directory: Path) -> None:
         self.manager = manager
         self.pod_devices = pod_devices
         self.journal = Journal(directory)
-        self.min_interval = MIN_CHECKPOINT_INTERVAL_SECONDS if min_interval is None else min_interval
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.checkpoints = 0
@@ -79,7 +76,15 @@ class AllocationStore:
     abandon = commit  # a failed admission: nothing of it is pending any more (its release is journaled)
 
     def allocated(self, allocation: Allocation) -> asyncio.Future[None]:
-        """Call right after the allocation is applied to PodDevices (same loop step): the order must match."""
+        """Journal an allocation already applied to PodDevices; the future resolves once it is on disk.
+
+        The caller appends a pod's allocations at the end of its admission, after PreStartContainer, not when each
+        was applied. That keeps replay equal to memory because the order only matters per pod: records of different
+        pods touch different entries (alloc sets one entry, release drops one pod), and until its admission task
+        ends only that task adds entries for the pod; a release during the admission cancels the task first, so no
+        alloc record of the pod can follow its release record. Until `commit` the pod is also kept out of the
+        checkpoint, so a rotation point between a change and its append is covered by the record, which lands in
+        the newer segment."""
         self._dirty.set()
         return self.journal.append(alloc_record(allocation))
 
@@ -100,7 +105,7 @@ class AllocationStore:
                 log.warning("background checkpoint failed: %s", err)
             cost = time.monotonic() - started
             self.last_checkpoint_seconds = cost
-            await asyncio.sleep(max(self.min_interval, cost * CHECKPOINT_PACING))
+            await asyncio.sleep(max(MIN_CHECKPOINT_INTERVAL_SECONDS, cost * CHECKPOINT_PACING))
 
     async def checkpoint_now(self) -> None:
         """Write a checkpoint covering every change so far, then drop the journal segments it covers."""

@@ -57,9 +57,10 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
     async def Get(
         self, request: pr.GetPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr.GetPodResourcesResponse:
-        for record in self._active():
-            if record.pod.name == request.pod_name and record.pod.namespace == request.pod_namespace:
-                return pr.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
+        uid = self.controller.by_name.get(f"{request.pod_namespace}/{request.pod_name}")
+        record = self.controller.records.get(uid) if uid is not None else None
+        if record is not None and record.state == ADMITTED and not record.pod.terminal:
+            return pr.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
         await context.abort(
             grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
         )

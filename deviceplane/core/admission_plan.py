@@ -69,7 +69,7 @@ def container_affinity(
 
 def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequence[int] = ()) -> PodAdmission:
     """Init containers, then app containers; one Allocate per container per resource (spec §4.7.1-4.7.2)."""
-    containers = [(c.name, c.limit_map) for c in pod.all_containers]
+    containers = [(c.name, c.limits) for c in pod.all_containers]
     if check_restored(allocator.pod_devices, pod.uid, containers):
         return PodOutcome(restored=True, hints={})
     for resource, count in pod.device_requests().items():

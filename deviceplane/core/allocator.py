@@ -19,9 +19,9 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
-from deviceplane.core.pod_devices import Allocation, PodDevices
+from deviceplane.core.pod_devices import Allocation, PodDevices, devices_per_numa
 from deviceplane.core.registry import Device, DeviceRegistry
-from deviceplane.core.topology import ResourceDevices, mask_of
+from deviceplane.core.topology import ResourceDevices, has_topology, mask_of
 
 
 class AllocationError(Exception):
@@ -68,14 +68,9 @@ def filter_by_affinity(
     affinity: int | None, devices: Mapping[str, Device], available: Collection[str]
 ) -> tuple[set[str], set[str], set[str]]:
     """Upstream filterByAffinity (spec §4.7.4): (aligned, unaligned, without topology)."""
-    has_topology = any(device.numa_nodes for device in devices.values())
-    if not has_topology or affinity is None:
+    if affinity is None or not has_topology(devices):
         return set(), set(), set(available)
-    per_node: dict[int, list[str]] = {}
-    for device_id in available:
-        device = devices.get(device_id)
-        for node in device.numa_keys if device is not None else (NODE_WITHOUT_TOPOLOGY,):
-            per_node.setdefault(node, []).append(device_id)
+    per_node = devices_per_numa(available, devices)
 
     def in_mask(node: int) -> bool:
         return node >= 0 and bool(affinity & (1 << node))
@@ -191,9 +186,6 @@ class Allocator:
         for key in [k for k in self._reserved if k[0] == pod_uid]:
             self.unreserve(*key)
         return self.pod_devices.remove_pod(pod_uid)
-
-    def reserved(self) -> dict[tuple[str, str, str], tuple[str, ...]]:
-        return dict(self._reserved)
 
     def _rank(self, resource: str, devices: Mapping[str, Device]) -> _Rank:
         cached = self._ranks.get(resource)
@@ -321,13 +313,15 @@ class ReusePool:
                 pool -= allocation.device_ids
 
 
-def check_restored(pod_devices: PodDevices, pod_uid: str, containers: Iterable[tuple[str, Mapping[str, int]]]) -> bool:
+def check_restored(
+    pod_devices: PodDevices, pod_uid: str, containers: Iterable[tuple[str, Iterable[tuple[str, int]]]]
+) -> bool:
     """Whether a pod's checkpointed entries already cover every non-zero device request of every container: such
     a pod was admitted before an agent restart, and keeps its devices without any RPC (the kubelet's
     "container already running" case)."""
     any_entry = False
     for name, limits in containers:
-        for resource, count in limits.items():
+        for resource, count in limits:
             if count == 0:
                 continue
             held = pod_devices.container_devices(pod_uid, name, resource)

@@ -1,14 +1,15 @@
 """Which devices each pod's containers hold: upstream `podDevices` (spec §4.1, §4.9, §4.13, §6.3), pure.
 
 Kept indexed so that every question an admission asks is answered without walking all pods: the allocated set of a
-resource and the holders of a device are maintained incrementally. A device can appear in several entries of one pod
-(a regular init container's devices are reused by later containers), so the allocated index counts references.
+resource is maintained incrementally. A device can appear in several entries of one pod (a regular init container's
+devices are reused by later containers), so that index counts references. Who holds a device is only asked by the
+views (`holder_map`), which walk the entries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
 
@@ -42,10 +43,10 @@ class Allocation:
     per_numa: DevicesPerNuma
     response: pb.ContainerAllocateResponse
     entry: PodDevicesEntry  # its checkpoint form, built once so a checkpoint snapshot is only a list copy
+    device_ids: frozenset[str] = field(init=False, repr=False, compare=False)  # every NUMA node's IDs together
 
-    @property
-    def device_ids(self) -> frozenset[str]:
-        return frozenset(d for ids in self.per_numa.values() for d in ids)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "device_ids", frozenset(d for ids in self.per_numa.values() for d in ids))
 
 
 def make_allocation(
@@ -89,8 +90,6 @@ class PodDevices:
         self._pods: dict[str, dict[str, dict[str, Allocation]]] = {}
         # resource -> device -> number of entries holding it
         self._refs: dict[str, dict[str, int]] = {}
-        # (resource, device) -> {(pod, container)}
-        self._holders: dict[tuple[str, str], set[tuple[str, str]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
@@ -135,9 +134,6 @@ class PodDevices:
         refs = self._refs.setdefault(allocation.resource, {})
         for device_id in allocation.device_ids:
             refs[device_id] = refs.get(device_id, 0) + 1
-            self._holders.setdefault((allocation.resource, device_id), set()).add(
-                (allocation.pod_uid, allocation.container)
-            )
 
     def _unindex(self, allocation: Allocation) -> None:
         refs = self._refs.get(allocation.resource, {})
@@ -147,11 +143,6 @@ class PodDevices:
                 refs[device_id] = left
             else:
                 refs.pop(device_id, None)
-            holders = self._holders.get((allocation.resource, device_id))
-            if holders is not None:
-                holders.discard((allocation.pod_uid, allocation.container))
-                if not holders:
-                    del self._holders[(allocation.resource, device_id)]
 
     # -- reads ------------------------------------------------------------------------------------------------------
 
@@ -182,28 +173,40 @@ class PodDevices:
                 out |= allocation.device_ids
         return out
 
-    def is_allocated(self, resource: str, device_id: str) -> bool:
-        return device_id in self._refs.get(resource, {})
-
     def allocated(self, resource: str) -> set[str]:
         return set(self._refs.get(resource, {}))
 
     def allocated_count(self, resource: str) -> int:
         return len(self._refs.get(resource, {}))
 
-    def resources(self) -> set[str]:
-        return {resource for resource, refs in self._refs.items() if refs}
-
     def devices(self) -> dict[str, set[str]]:
         """Upstream devices(): resource -> every allocated ID (recomputable allocatedDevices)."""
         return {resource: set(refs) for resource, refs in self._refs.items() if refs}
 
     def holders(self, resource: str, device_id: str) -> set[tuple[str, str]]:
-        return set(self._holders.get((resource, device_id), ()))
+        """Every (pod, container) whose entry of `resource` holds the device. Walks all entries."""
+        return {
+            (pod_uid, container)
+            for pod_uid, containers in self._pods.items()
+            for container, resources in containers.items()
+            if (allocation := resources.get(resource)) is not None and device_id in allocation.device_ids
+        }
 
     def holder_map(self) -> dict[tuple[str, str], tuple[str, str]]:
-        """(resource, device) -> one (pod, container) holding it: the app container when a pod shares it."""
-        return {key: min(holders) for key, holders in self._holders.items()}
+        """(resource, device) -> one (pod, container) holding it. When several entries hold a device (a regular init
+        container's devices reused by a later container of the pod), the smallest (pod, container) pair wins, i.e.
+        the container whose name sorts first, whichever kind it is. Walks all entries."""
+        out: dict[tuple[str, str], tuple[str, str]] = {}
+        for pod_uid, containers in self._pods.items():
+            for container, resources in containers.items():
+                holder = (pod_uid, container)
+                for resource, allocation in resources.items():
+                    for device_id in allocation.device_ids:
+                        key = (resource, device_id)
+                        known = out.get(key)
+                        if known is None or holder < known:
+                            out[key] = holder
+        return out
 
     def entries(self) -> list[PodDevicesEntry]:
         """Checkpoint entries (upstream toCheckpointData), in admission order."""

@@ -59,10 +59,6 @@ class Container:
     restartable: bool = False
 
     @property
-    def limit_map(self) -> dict[str, int]:
-        return dict(self.limits)
-
-    @property
     def kind(self) -> str:
         if not self.init:
             return "app"

@@ -45,6 +45,11 @@ def _narrower(a: int, b: int) -> bool:
     return _count(a) < _count(b) or (_count(a) == _count(b) and a < b)
 
 
+def has_topology(devices: Mapping[str, Device]) -> bool:
+    """Upstream deviceHasTopologyAlignment: whether any device of the resource reports NUMA nodes."""
+    return any(device.numa_nodes for device in devices.values())
+
+
 @dataclass(frozen=True, slots=True)
 class TopologyHint:
     affinity: int | None  # None: any NUMA node will do
@@ -64,8 +69,7 @@ class ResourceDevices:
     allocated: Collection[str]  # held by any pod, or reserved by an admission in flight
 
     def has_topology(self) -> bool:
-        """Upstream deviceHasTopologyAlignment."""
-        return any(device.numa_nodes for device in self.all_devices.values())
+        return has_topology(self.all_devices)
 
     def available(self) -> set[str]:
         return {d for d in self.healthy if d not in self.allocated}
@@ -80,6 +84,7 @@ def device_hints(
     all_by_mask = Counter(device_masks.values())
     available_by_mask = Counter(device_masks.get(d, 0) for d in available)
     reusable_masks = [device_masks.get(d, 0) for d in reusable]
+    reusable_with_topology = sum(1 for m in reusable_masks if m)
     min_affinity = len(numa)
     found: list[int] = []
     for size in range(1, len(numa) + 1):
@@ -92,8 +97,7 @@ def device_hints(
             # A reusable device with topology must lie (at least partly) inside the affinity.
             if any(m and not m & mask for m in reusable_masks):
                 continue
-            matching = sum(1 for m in reusable_masks if m)
-            matching += sum(n for m, n in available_by_mask.items() if m & mask)
+            matching = reusable_with_topology + sum(n for m, n in available_by_mask.items() if m & mask)
             if matching >= request:
                 found.append(mask)
     return [TopologyHint(mask, _count(mask) == min_affinity) for mask in found]

@@ -55,6 +55,11 @@ def test_pod_container_device_allocation(env: AllocEnv) -> None:
     options = a["containers"][0]["runOptions"]
     # both sims call their devices sim-N: /dev/sim-0 and SIM_DEVICES conflict, and the first resource wins (§4.10)
     assert len(options["devices"]) == 2 and options["envs"] == {"SIM_DEVICES": "sim-0,sim-1"}
+    # ... and the conflicts are logged (upstream only logs them), once for the container
+    entries = [json.loads(line) for line in env.agent.log().splitlines() if line.startswith("{")]
+    logged = [e for e in entries if e.get("msg") == "conflicting run options"]
+    assert [(e["pod"], e["container"]) for e in logged] == [("default/a", "c")]
+    assert any("Environment variable SIM_DEVICES has conflicting setting" in c for c in logged[0]["conflicts"])
     assert [c["devices_ids"] for c in calls(s1, "Allocate")] == [["sim-0", "sim-1"]]
     assert len(calls(s2, "Allocate")) == 1
 
@@ -285,14 +290,19 @@ def test_removed_while_down_is_released_after_sync(short_tmp: Path) -> None:
         gone = simple_pod(env.pod_dir, "gone", R1, 1)
         simple_pod(env.pod_dir, "kept", R1, 1)
         kept = devices_of(wait_settled(env.agent, "kept"), R1)
-        assert wait_settled(env.agent, "gone")["admitted"]
+        gone_pod = wait_settled(env.agent, "gone")
+        assert gone_pod["admitted"]
+        gone_devices = devices_of(gone_pod, R1)
+        assert gone_devices and not gone_devices & kept
         env.agent.kill()
         gone.unlink()
         env.start_agent()
         assert devices_of(wait_settled(env.agent, "kept"), R1) == kept
-        view = json.dumps(env.agent.get("/api/v1/devices"))
-        assert '"pod": "gone"' not in view
         wait_for(lambda: allocated(env, R1) == 1, what="only the kept pod holds a device")
+        listed = {d["id"]: d for d in env.wait_devices(R1, 2)["devices"]}
+        for device_id in gone_devices:
+            assert listed[device_id]["allocatedTo"] is None, listed[device_id]
+        assert all(listed[d]["allocatedTo"] is not None for d in kept)
 
 
 def test_topology_policies(short_tmp: Path) -> None:

@@ -44,6 +44,17 @@ def test_holder_of_a_device() -> None:
     assert ("r", "unknown") not in pds.holder_map()
 
 
+def test_shared_device_is_shown_held_by_the_smallest_container_name() -> None:
+    pds = PodDevices()
+    pds.insert(make_allocation("p", "setup", "r", {0: ("d1", "d2")}, resp()))  # a regular init container
+    pds.insert(make_allocation("p", "app", "r", {0: ("d1",)}, resp()))  # reuses d1
+    pds.insert(make_allocation("p", "zz", "r", {0: ("d2",)}, resp()))  # reuses d2
+    assert pds.holder_map() == {("r", "d1"): ("p", "app"), ("r", "d2"): ("p", "setup")}
+    assert pds.holders("r", "d2") == {("p", "setup"), ("p", "zz")}
+    pds.remove_pod("p")
+    assert pds.holder_map() == {} and pds.holders("r", "d1") == set()
+
+
 def test_run_options_of_unknown_container_is_none_and_cdi_merged() -> None:
     pds = PodDevices()
     pds.insert(make_allocation("p", "c", "a", {-1: ("1",)}, resp(cdi_devices=[pb.CDIDevice(name="x=1")])))
