@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from collections.abc import Callable
 
-import pytest
-
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
+from tests.support.required import unavailable
 
 R = "example.com/gpu"
 
@@ -17,9 +15,7 @@ R = "example.com/gpu"
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        if os.environ.get("DEVICEPLANE_E2E") == "required":
-            pytest.fail("promtool missing: run `make promtool`")
-        pytest.skip("promtool missing: run `make promtool`")
+        unavailable("promtool missing: run `make promtool`")
     return path
 
 

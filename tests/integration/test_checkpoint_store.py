@@ -1,5 +1,5 @@
 """The checkpoint file on disk (spec §4.6, §4.9): atomic private writes, reads that never block a start, and the real
-kubelet checkpoint code (built from the Go module cache, when there is one) as the peer for both directions."""
+kubelet checkpoint code (tests/k8s/checkpoint-peer, built by `make k8s-bins`) as the peer for both directions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import socket
 import stat
 import subprocess
@@ -33,6 +32,8 @@ from deviceplane.core.checkpoint import (
     spew_text,
 )
 from deviceplane.core.constants import CHECKPOINT_NAME
+from tests.e2e.cluster import bin_dir
+from tests.support.required import unavailable
 from tests.unit.test_checkpoint import EXAMPLE, EXAMPLE_FILE, SPEC_VECTORS, checkpoints
 
 FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -244,87 +245,7 @@ def test_should_not_reset_when_the_directory_cannot_be_listed(tmp_path: Path) ->
 
 # -- the real kubelet checkpoint code as the peer --------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
-WRAPPER_MODULE = ROOT / "tests" / "k8s"  # pins k8s.io/kubernetes and its staging modules
-
-PEER_SOURCE = """\
-// The kubelet's checkpoint code (k8s.io/kubernetes/pkg/kubelet/...), driven over stdin/stdout, one JSON line each.
-package main
-
-import (
-	"bufio"
-	"encoding/base64"
-	"encoding/json"
-	"os"
-
-	"k8s.io/kubernetes/pkg/kubelet/checkpointmanager"
-	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint"
-	"k8s.io/utils/dump"
-)
-
-const name = "kubelet_internal_checkpoint"
-
-type request struct{ Op, Dir, Blob string }
-
-type response struct {
-	Error string `json:"error"`
-	Spew  string `json:"spew"`
-	File  string `json:"file"`
-}
-
-func main() {
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 64<<20)
-	out := json.NewEncoder(os.Stdout)
-	for in.Scan() {
-		var req request
-		if err := json.Unmarshal(in.Bytes(), &req); err != nil {
-			panic(err)
-		}
-		blob, _ := base64.StdEncoding.DecodeString(req.Blob)
-		// What ManagerImpl.getCheckpoint decodes into.
-		cp := checkpoint.New(make([]checkpoint.PodDevicesEntry, 0), make(map[string][]string)).(*checkpoint.Data)
-		var err error
-		unmarshaled := false
-		switch req.Op {
-		case "read": // ManagerImpl.readCheckpoint's path
-			var m checkpointmanager.CheckpointManager
-			if m, err = checkpointmanager.NewCheckpointManager(req.Dir); err == nil {
-				err = m.GetCheckpoint(name, cp)
-			}
-		case "decode":
-			if err = cp.UnmarshalCheckpoint(blob); err == nil {
-				unmarshaled = true
-				err = cp.VerifyChecksum()
-			}
-		case "write": // ManagerImpl.writeCheckpoint's path, for the data in blob
-			if err = cp.UnmarshalCheckpoint(blob); err == nil {
-				var m checkpointmanager.CheckpointManager
-				if m, err = checkpointmanager.NewCheckpointManager(req.Dir); err == nil {
-					entries, registered := cp.GetData()
-					err = m.CreateCheckpoint(name, checkpoint.New(entries, registered))
-				}
-			}
-		}
-		var resp response
-		if err != nil {
-			resp.Error = err.Error()
-		}
-		if err == nil || unmarshaled { // the values decoded, even when their checksum does not match
-			resp.Spew = dump.ForHash(cp.Data)
-			entries, registered := cp.GetData()
-			file, err := checkpoint.New(entries, registered).MarshalCheckpoint()
-			if err != nil {
-				panic(err)
-			}
-			resp.File = base64.StdEncoding.EncodeToString(file)
-		}
-		if err := out.Encode(resp); err != nil {
-			panic(err)
-		}
-	}
-}
-"""
+# tests/k8s/checkpoint-peer (built by `make k8s-bins`): the kubelet's checkpoint code behind a JSON line protocol.
 
 
 class KubeletCheckpointPeer:
@@ -356,30 +277,14 @@ class KubeletCheckpointPeer:
 
 
 @pytest.fixture(scope="session")
-def kubelet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeletCheckpointPeer]:
-    go = shutil.which("go")
-    if go is None:
-        pytest.skip("Go is not installed: the kubelet checkpoint peer cannot be built")
-    build_dir = tmp_path_factory.mktemp("kubelet-checkpoint-peer")
-    # The wrapper module's requirements and replaces, without its tool list.
-    go_mod = re.sub(r"(?ms)^tool \(.*?^\)\n", "", (WRAPPER_MODULE / "go.mod").read_text())
-    (build_dir / "go.mod").write_text(go_mod)
-    shutil.copy(WRAPPER_MODULE / "go.sum", build_dir / "go.sum")
-    (build_dir / "main.go").write_text(PEER_SOURCE)
-    offline = {"GOTOOLCHAIN": "local", "GOFLAGS": "-mod=mod -buildvcs=false", "GOPROXY": "off", "CGO_ENABLED": "0"}
-    built = subprocess.run(
-        [go, "build", "-o", "peer", "."],
-        cwd=build_dir,
-        env={**os.environ, **offline},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if built.returncode != 0:
-        if "GOPROXY=off" in built.stderr or "module lookup disabled" in built.stderr:
-            pytest.skip("the Kubernetes Go modules are not in the module cache (`make k8s-bins` fetches them)")
-        pytest.fail(f"building the kubelet checkpoint peer failed:\n{built.stderr}")
-    peer = KubeletCheckpointPeer(build_dir / "peer")
+def kubelet() -> Iterator[KubeletCheckpointPeer]:
+    try:
+        binary = bin_dir() / "checkpoint-peer"
+    except (OSError, subprocess.SubprocessError) as exc:
+        unavailable(f"cannot locate the Kubernetes test binaries ({exc}): run `make k8s-bins`")
+    if not os.access(binary, os.X_OK):
+        unavailable(f"the kubelet checkpoint peer {binary} is missing: run `make k8s-bins`")
+    peer = KubeletCheckpointPeer(binary)
     yield peer
     peer.close()
 

@@ -2,8 +2,8 @@
 # Build the real Kubernetes test environment from Go modules (see
 # shared/spec/k8s-test-env.md): kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, etcd, kwok, the upstream sample-device-plugin,
-# squat/generic-device-plugin (when its pin resolves) and our kubelet
-# device-manager harness.
+# squat/generic-device-plugin (when its pin resolves), our kubelet
+# device-manager harness and our kubelet checkpoint peer.
 #
 # Binaries go to ${DEVICEPLANE_K8S_CACHE:-~/.cache/deviceplane/k8s}/<k8s-version>-<key>/bin,
 # where <key> hashes the wrapper modules (go.mod, go.sum), their Go sources and
@@ -93,11 +93,11 @@ step() { # step <name> <dir> <go build args...>
 minor=$(echo "$k8s_version" | cut -d. -f2)
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=${k8s_version} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
 
-step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness)" \
+step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness checkpoint-peer)" \
   "$here" -tags=selinux,notest -ldflags "$k8s_ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness
+  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness ./checkpoint-peer
 step "etcd $etcd_version" "$here/etcd" -ldflags "-s -w" -o "$tmp/etcd" .
 step "kwok $kwok_version" "$here/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s_version#v}" \
@@ -130,6 +130,7 @@ fi
   fi
   echo "sample-device-plugin k8s.io/kubernetes/test/images/sample-device-plugin@${k8s_version}"
   echo "kubelet-harness deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@${k8s_version})"
+  echo "checkpoint-peer deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint@${k8s_version})"
   echo "go ${gov}"
   echo "key ${key}"
 } > "$tmp/VERSIONS"
