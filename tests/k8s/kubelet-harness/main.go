@@ -13,8 +13,9 @@
 //	                               "devices":{res:[{"id","health","numaNodes"}]}}
 //	POST /admit   (a v1.Pod)   -> {"uid","admitted","reason","message","containers":[
 //	                               {"name","init","devices":{res:[ids]},"runOptions":{...},"error"}]}
-//	POST /remove  {"uid":...}  -> drops the pod from the active set (devices are freed
-//	                               by the next allocation, as in the kubelet)
+//	POST /remove  {"uid":...}  -> drops the pod from the active set and frees its
+//	                               devices at once (UpdateAllocatedDevices, which the
+//	                               kubelet runs on its next allocation)
 //	GET  /pods                 -> the active pods and their devices
 package main
 
@@ -31,7 +32,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -343,7 +343,6 @@ func main() {
 	numaNodes := flag.Int("numa-nodes", 1, "number of NUMA nodes of the simulated machine (0..N-1)")
 	policy := flag.String("topology-policy", topologymanager.PolicyNone, "topology manager policy: none|best-effort|restricted|single-numa-node")
 	scope := flag.String("topology-scope", topologymanager.ContainerTopologyScope, "topology manager scope: container|pod")
-	portFile := flag.String("port-file", "", "write the bound HTTP port here once serving")
 	flag.Parse()
 	logger := klog.Background()
 
@@ -371,7 +370,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "topology manager:", err)
 		os.Exit(2)
 	}
-	dm, err := newDeviceManager(logger, filepath.Join(dir, "kubelet.sock"), topology, topo)
+	dm, err := newManagerImpl(logger, filepath.Join(dir, "kubelet.sock"), topology, topo)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "device manager:", err)
 		os.Exit(1)
@@ -396,13 +395,6 @@ func main() {
 		os.Exit(1)
 	}
 	addr := ln.Addr().String()
-	if *portFile != "" {
-		_, port, _ := net.SplitHostPort(addr)
-		tmp := *portFile + ".tmp"
-		if err := os.WriteFile(tmp, []byte(port+"\n"), 0o644); err == nil {
-			_ = os.Rename(tmp, *portFile)
-		}
-	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	fmt.Printf("kubelet-harness: socket %s, http %s, numa nodes %d, policy %s\n",
 		filepath.Join(dir, "kubelet.sock"), addr, *numaNodes, *policy)
@@ -419,7 +411,5 @@ func main() {
 		fmt.Fprintln(os.Stderr, "serve:", err)
 	}
 	_ = dm.Stop(logger)
-	if strings.TrimSpace(dir) != "" {
-		_ = os.Remove(filepath.Join(dir, "kubelet.sock"))
-	}
+	_ = os.Remove(filepath.Join(dir, "kubelet.sock"))
 }
