@@ -43,6 +43,37 @@ def _name(cn: str, orgs: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
+def _builder(
+    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey, *, ca: bool
+) -> x509.CertificateBuilder:
+    """What every certificate here shares: 30 days' validity, basic constraints, critical key usage (signing)."""
+    now = dt.datetime.now(dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + 30 * _ONE_DAY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+
+
 @dataclass(frozen=True)
 class CA:
     key: ec.EllipticCurvePrivateKey
@@ -51,30 +82,8 @@ class CA:
     @classmethod
     def create(cls, cn: str) -> CA:
         key = _key()
-        now = dt.datetime.now(dt.UTC)
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn))
-            .issuer_name(_name(cn))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + 30 * _ONE_DAY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _builder(_name(cn), _name(cn), key, ca=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256())
         )
@@ -95,30 +104,8 @@ class CA:
     ) -> tuple[bytes, bytes]:
         """Return (cert PEM, key PEM) for a new leaf certificate signed by this CA."""
         key = _key()
-        now = dt.datetime.now(dt.UTC)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn, orgs))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + 30 * _ONE_DAY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _builder(_name(cn, orgs), self.cert.subject, key, ca=False)
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,
@@ -153,10 +140,6 @@ class ClusterPKI:
         return self.dir / "client-ca.crt"
 
     @property
-    def client_ca_key(self) -> Path:
-        return self.dir / "client-ca.key"
-
-    @property
     def serving_crt(self) -> Path:
         return self.dir / "apiserver.crt"
 
@@ -180,7 +163,6 @@ class ClusterPKI:
         pki = cls(directory, serving_ca, client_ca)
         _write(pki.ca_crt, serving_ca.cert_pem)
         _write(pki.client_ca_crt, client_ca.cert_pem)
-        _write(pki.client_ca_key, _key_pem(client_ca.key))
         crt, key = serving_ca.issue(
             "kube-apiserver",
             server=True,
@@ -197,21 +179,28 @@ class ClusterPKI:
         )
         return pki
 
+    def user_files(self, cn: str) -> tuple[Path, Path]:
+        """(cert path, key path) of user `cn`'s client certificate (written by user())."""
+        safe = _safe(cn)
+        return self.dir / f"user-{safe}.crt", self.dir / f"user-{safe}.key"
+
     def user(self, cn: str, orgs: tuple[str, ...] = ()) -> tuple[Path, Path]:
         """Mint a client certificate for user `cn` in groups `orgs`; return (cert path, key path)."""
         crt, key = self.client_ca.issue(cn, orgs)
-        safe = cn.replace(":", "_").replace("/", "_")
-        crt_path, key_path = self.dir / f"user-{safe}.crt", self.dir / f"user-{safe}.key"
+        crt_path, key_path = self.user_files(cn)
         _write(crt_path, crt)
         _write(key_path, key)
         return crt_path, key_path
 
     def kubeconfig(self, server: str, cn: str, orgs: tuple[str, ...] = (), *, path: Path | None = None) -> Path:
-        """Write a kubeconfig for user `cn` (client cert) talking to `server`; return its path."""
-        crt, key = self.client_ca.issue(cn, orgs)
-        safe = cn.replace(":", "_").replace("/", "_")
-        path = path or self.dir / f"{safe}.kubeconfig"
-        _write(path, kubeconfig_text(server, self.serving_ca.cert_pem, crt, key, user=safe))
+        """Mint user `cn`'s client certificate (user()) and write a kubeconfig using it to talk to `server`; return
+        the kubeconfig's path. The certificate files stay, for clients that need them (user_files())."""
+        crt_path, key_path = self.user(cn, orgs)
+        path = path or self.dir / f"{_safe(cn)}.kubeconfig"
+        text = kubeconfig_text(
+            server, self.serving_ca.cert_pem, crt_path.read_bytes(), key_path.read_bytes(), user=_safe(cn)
+        )
+        _write(path, text)
         return path
 
 
@@ -238,6 +227,10 @@ contexts:
     user: {user}
 current-context: {user}@deviceplane-test
 """
+
+
+def _safe(cn: str) -> str:
+    return cn.replace(":", "_").replace("/", "_")
 
 
 def _write(path: Path, data: bytes | str) -> None:

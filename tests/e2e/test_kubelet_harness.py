@@ -9,11 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pytest
-
 from .procs import wait_for
-
-pytestmark = pytest.mark.e2e
 
 
 def pod(name: str, *, init: dict[str, int] | None = None, app: dict[str, int] | None = None) -> dict[str, Any]:
