@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import functools
 import heapq
-import re
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from deviceplane.core import ordering
 from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
 from deviceplane.core.pod_devices import Allocation, PodDevices, devices_per_numa
 from deviceplane.core.registry import Device, DeviceRegistry
@@ -51,13 +51,8 @@ class Chosen:
 Decision = AskPreferred | Chosen
 
 
-_DIGITS = re.compile(r"(\d+)")
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def natural_key(device_id: str) -> tuple[tuple[int, int | str], ...]:
-    """dev-2 before dev-10: choices are deterministic (upstream's are random) and read naturally."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in _DIGITS.split(device_id) if part)
+# Allocation sorts the same IDs again and again: cache their keys.
+natural_key = functools.lru_cache(maxsize=1 << 16)(ordering.natural_key)
 
 
 def natural_sorted(ids: Iterable[str]) -> list[str]:

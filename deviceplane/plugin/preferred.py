@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from deviceplane.core.allocator import natural_key
 from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
+from deviceplane.core.ordering import natural_key
 
 
 def pack_on_numa(
