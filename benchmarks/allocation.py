@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deviceplane.agent.admission import ADMITTED, AdmissionController  # noqa: E402
+from deviceplane.agent.admission.admission import ADMITTED, AdmissionController  # noqa: E402
 from deviceplane.agent.app import Agent, AgentConfig  # noqa: E402
 from deviceplane.core.pods import Container, Pod  # noqa: E402
 

@@ -22,7 +22,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deviceplane.agent.plugin_client import devices_from_proto
+from deviceplane.agent.plugins.plugin_client import devices_from_proto
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.core.registry import DeviceRegistry, PluginOptions

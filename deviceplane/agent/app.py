@@ -17,14 +17,14 @@ import grpc
 from aiohttp import web
 
 from deviceplane import __version__
-from deviceplane.agent.admission import ALLOCATE_TIMEOUT_SECONDS, STARTUP_PLUGIN_WAIT_SECONDS
-from deviceplane.agent.allocation_service import AllocationService
-from deviceplane.agent.checkpoint_store import CheckpointStore
-from deviceplane.agent.http_api import build_app, serve
-from deviceplane.agent.manager import DeviceManager
-from deviceplane.agent.metrics import AgentMetrics
-from deviceplane.agent.plugin_watcher import PluginWatcher
-from deviceplane.agent.registration import RegistrationServicer, cleanup_plugin_dir
+from deviceplane.agent.admission.admission import ALLOCATE_TIMEOUT_SECONDS, STARTUP_PLUGIN_WAIT_SECONDS
+from deviceplane.agent.admission.allocation_service import AllocationService
+from deviceplane.agent.plugins.manager import DeviceManager
+from deviceplane.agent.plugins.plugin_watcher import PluginWatcher
+from deviceplane.agent.plugins.registration import RegistrationServicer, cleanup_plugin_dir
+from deviceplane.agent.serving.http_api import build_app, serve
+from deviceplane.agent.serving.metrics import AgentMetrics
+from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.models import AgentView
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_SOCKET_NAME

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deviceplane.agent.admission import AdmissionController
-from deviceplane.agent.checkpoint_store import CheckpointStore
-from deviceplane.agent.manager import DeviceManager
+from deviceplane.agent.admission.admission import AdmissionController
+from deviceplane.agent.plugins.manager import DeviceManager
+from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import make_allocation

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from pathlib import Path
 
-from deviceplane.agent.journal import Journal, alloc_record, list_segments, release_record
+from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, release_record
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from deviceplane.agent.checkpoint_store import CheckpointStore
+from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.core.checkpoint import (
     CheckpointData,
     CheckpointFormatError,

@@ -10,7 +10,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from deviceplane.agent.plugin_client import PluginClient, PluginDialError
+from deviceplane.agent.plugins.plugin_client import PluginClient, PluginDialError
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.registry import Device, PluginOptions
 from tests.support.procs import TestPlugin

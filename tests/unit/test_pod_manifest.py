@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplane.agent.pod_source import MAX_MANIFEST_BYTES, StaticPodDirectory, load_manifest
+from deviceplane.agent.admission.pod_source import MAX_MANIFEST_BYTES, StaticPodDirectory, load_manifest
 from deviceplane.core.pods import Pod, PodError
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import watchfiles
 
-from deviceplane.agent.manager import DeviceManager, RegistrationError
+from deviceplane.agent.plugins.manager import DeviceManager, RegistrationError
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from deviceplane.core.constants import (

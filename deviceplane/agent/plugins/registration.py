@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 
-from deviceplane.agent.manager import DeviceManager, RegistrationError
+from deviceplane.agent.plugins.manager import DeviceManager, RegistrationError
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.core.constants import CHECKPOINT_NAME, SUPPORTED_VERSIONS
@@ -21,7 +21,7 @@ from deviceplane.core.names import (
     validate_endpoint_name,
 )
 
-log = logging.getLogger("deviceplane.agent.registration")
+log = logging.getLogger("deviceplane.agent.plugins.registration")
 
 
 def resolve_endpoint(plugin_dir: Path, endpoint: str) -> str:

@@ -13,11 +13,15 @@ from typing import Any
 
 import grpc
 
-from deviceplane.agent.admission import ALLOCATE_TIMEOUT_SECONDS, STARTUP_PLUGIN_WAIT_SECONDS, AdmissionController
-from deviceplane.agent.manager import DeviceManager
-from deviceplane.agent.metrics import AgentMetrics
-from deviceplane.agent.pod_source import PodSource, StaticPodDirectory, run_sources
-from deviceplane.agent.podresources import serve_pod_resources
+from deviceplane.agent.admission.admission import (
+    ALLOCATE_TIMEOUT_SECONDS,
+    STARTUP_PLUGIN_WAIT_SECONDS,
+    AdmissionController,
+)
+from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory, run_sources
+from deviceplane.agent.plugins.manager import DeviceManager
+from deviceplane.agent.serving.metrics import AgentMetrics
+from deviceplane.agent.serving.podresources import serve_pod_resources
 from deviceplane.api.models import AllocatedTo
 from deviceplane.core.checkpoint import CheckpointData
 

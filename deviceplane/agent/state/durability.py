@@ -16,8 +16,8 @@ import logging
 import time
 from pathlib import Path
 
-from deviceplane.agent.journal import Journal, alloc_record, release_record
-from deviceplane.agent.manager import DeviceManager
+from deviceplane.agent.plugins.manager import DeviceManager
+from deviceplane.agent.state.journal import Journal, alloc_record, release_record
 from deviceplane.core.checkpoint import CheckpointData, PodDevicesEntry
 from deviceplane.core.pod_devices import Allocation, PodDevices
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 SUBCOMMANDS = {
     "agent": ("deviceplane.agent.cli", "run the node agent (device manager)"),
     "plugin": ("deviceplane.plugin.cli", "run a reference device plugin"),
-    "demo": ("deviceplane.demo", "run the agent with reference plugins and show the result"),
+    "demo": ("deviceplane.cli.demo", "run the agent with reference plugins and show the result"),
     "operator": ("deviceplane.operator.cli", "run the DevicePluginConfig operator"),
 }
 

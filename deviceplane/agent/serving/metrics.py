@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deviceplane.agent.manager import DeviceEvent, DeviceManager
+from deviceplane.agent.plugins.manager import DeviceEvent, DeviceManager
 
 
 class DeviceStateCollector(Collector):

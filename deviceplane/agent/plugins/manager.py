@@ -7,14 +7,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from deviceplane.agent.checkpoint_store import CheckpointStore
-from deviceplane.agent.checkpoint_writer import CheckpointWriter
-from deviceplane.agent.plugin_client import PluginClient, PluginDialError
+from deviceplane.agent.plugins.plugin_client import PluginClient, PluginDialError
+from deviceplane.agent.state.checkpoint_store import CheckpointStore
+from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.core.checkpoint import CheckpointData, PodDevicesEntry
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
 from deviceplane.core.registry import AlreadyConnectedError, Capacity, Device, DeviceRegistry, SnapshotResult
 
-log = logging.getLogger("deviceplane.agent.manager")
+log = logging.getLogger("deviceplane.agent.plugins.manager")
 
 ClientKey = tuple[str, str]  # (resource, socket path)
 

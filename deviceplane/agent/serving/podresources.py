@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 
-from deviceplane.agent.admission import ADMITTED, AdmissionController, PodRecord
+from deviceplane.agent.admission.admission import ADMITTED, AdmissionController, PodRecord
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from deviceplane.core.pod_devices import DeviceInstance

@@ -29,10 +29,10 @@ from typing import Any
 
 import grpc
 
-from deviceplane.agent.durability import AllocationStore
-from deviceplane.agent.manager import DeviceEvent, DeviceManager
-from deviceplane.agent.metrics import AgentMetrics
-from deviceplane.agent.plugin_client import PluginClient
+from deviceplane.agent.plugins.manager import DeviceEvent, DeviceManager
+from deviceplane.agent.plugins.plugin_client import PluginClient
+from deviceplane.agent.serving.metrics import AgentMetrics
+from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, PreferredCall, admit_pod, pre_start_calls
 from deviceplane.core.allocator import AllocationError, Allocator
