@@ -22,6 +22,7 @@ from deviceplane.agent.admission.allocation_service import AllocationService
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_watcher import PluginWatcher
 from deviceplane.agent.plugins.registration import RegistrationServicer, cleanup_plugin_dir
+from deviceplane.agent.proxy.mode import ProxyMode
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
@@ -54,13 +55,26 @@ class AgentConfig:
     dial_timeout: float = DIAL_TIMEOUT_SECONDS
     allocate_timeout: float = ALLOCATE_TIMEOUT_SECONDS
     startup_plugin_wait: float = STARTUP_PLUGIN_WAIT_SECONDS
+    # Proxy mode: in front of a real kubelet (its device-plugin dir and PodResources socket); None = the agent
+    # allocates itself.
+    kubelet_dir: Path | None = None
+    kubelet_pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.store = CheckpointStore(config.plugin_dir)
-        self.manager = DeviceManager(self.store, config.grace_period, config.dial_timeout)
+        self.proxy: ProxyMode | None = None
+        if config.kubelet_dir is not None:
+            self.proxy = ProxyMode(config.kubelet_dir, config.kubelet_pod_resources_socket)
+            self.manager = DeviceManager(
+                self.store, config.grace_period, config.dial_timeout, connector=self.proxy.connector
+            )
+            proxy_service = self.proxy.bind(self.manager.registry, self.manager.client)
+            self.manager.observers.append(proxy_service.on_device_event)
+        else:
+            self.manager = DeviceManager(self.store, config.grace_period, config.dial_timeout)
         self.allocation = AllocationService(
             self.manager,
             config.plugin_dir,
@@ -72,8 +86,12 @@ class Agent:
             config.allocate_timeout,
             config.startup_plugin_wait,
         )
-        self.metrics = AgentMetrics(self.manager, config.node_name, self.allocation.allocated)
-        self.allocation.attach_metrics(self.metrics)
+        if self.proxy is not None:
+            self.metrics = AgentMetrics(self.manager, config.node_name, self.proxy.allocated)
+            self.proxy.attach_metrics(self.metrics)
+        else:
+            self.metrics = AgentMetrics(self.manager, config.node_name, self.allocation.allocated)
+            self.allocation.attach_metrics(self.metrics)
         self._grpc: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -94,14 +112,14 @@ class Agent:
             self.manager.registry,
             self.manager.sweep(),
             AgentView(version=__version__, node=self.config.node_name, lastHeartbeatTime=rfc3339(time.time())),
-            holders=self.allocation.holders(),
+            holders=self.proxy.holders() if self.proxy is not None else self.allocation.holders(),
             device_limit=limit,
             resource_filter=(lambda name: name == wanted) if wanted else None,
         )
         return status.model_dump(mode="json")
 
     def pods_json(self, _request: web.Request | None = None) -> Any:
-        return self.allocation.pods_json()
+        return self.proxy.pods_json() if self.proxy is not None else self.allocation.pods_json()
 
     def _health(self) -> str | None:
         if self._grpc is None or not self.registration_socket.exists():
@@ -123,7 +141,8 @@ class Agent:
         restored = self.manager.restore()
         if restored is not None:
             log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices or {})})
-        self.allocation.restore(restored)
+        if self.proxy is None:
+            self.allocation.restore(restored)
         removed = cleanup_plugin_dir(plugin_dir)
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
@@ -138,7 +157,10 @@ class Agent:
             watching = asyncio.Event()
             self._tasks.append(asyncio.create_task(watcher.run(watching), name="plugin-watcher"))
             await watching.wait()
-        await self.allocation.start()
+        if self.proxy is not None:
+            await self.proxy.start()  # the kubelet allocates: no admission, no PodResources of our own
+        else:
+            await self.allocation.start()
         self._ready = True
         log.info(
             "agent started",
@@ -181,6 +203,8 @@ class Agent:
         if self._grpc is not None:
             await self._grpc.stop(grace=1)
             self._grpc = None
+        if self.proxy is not None:
+            await self.proxy.stop()
         await self.allocation.stop()
         await self.manager.stop()
         if self._http is not None:

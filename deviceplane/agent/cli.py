@@ -77,6 +77,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="after start, how long an admission waits for its resources' plugins to register [10s]",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("agent", "proxy"),
+        default="agent",
+        help="agent: allocate for a kubelet-less node; proxy: sit between the plugins and a real kubelet [agent]",
+    )
+    parser.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="proxy mode: the kubelet's device-plugin directory (its kubelet.sock) [%(default)s]",
+    )
+    parser.add_argument(
+        "--kubelet-pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="proxy mode: the kubelet's PodResources socket, polled for device owners [%(default)s]",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 
@@ -102,5 +120,7 @@ def run(args: argparse.Namespace) -> int:
         dial_timeout=args.plugin_dial_timeout,
         allocate_timeout=args.allocate_timeout,
         startup_plugin_wait=args.startup_plugin_wait,
+        kubelet_dir=args.kubelet_dir.absolute() if args.mode == "proxy" else None,
+        kubelet_pod_resources_socket=args.kubelet_pod_resources_socket.absolute(),
     )
     return asyncio.run(run_agent(config))

@@ -39,8 +39,10 @@ class DeviceManager:
         grace_period: float,
         dial_timeout: float = DIAL_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.time,
+        connector: Callable[[str, str], PluginClient] = PluginClient,
     ) -> None:
         self.registry = DeviceRegistry(grace_period)
+        self._connector = connector
         self.dial_timeout = dial_timeout
         self.clock = clock
         self._store = store
@@ -77,7 +79,7 @@ class DeviceManager:
         if key in self._connecting:
             raise RegistrationError(f"device plugin already connecting for resource {resource} at socket {socket_path}")
         self._connecting.add(key)
-        client = PluginClient(resource, socket_path)
+        client = self._connector(resource, socket_path)
         try:
             try:
                 options = await client.connect(self.dial_timeout)

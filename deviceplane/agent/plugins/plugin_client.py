@@ -16,6 +16,7 @@ log = logging.getLogger("deviceplane.agent.plugin")
 
 SnapshotCallback = Callable[[Sequence[Device]], None]
 StreamEndCallback = Callable[[str], Awaitable[None]]
+MessageTap = Callable[[pb.ListAndWatchResponse], None]
 
 
 def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
@@ -30,9 +31,12 @@ class PluginDialError(Exception):
 class PluginClient:
     """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs."""
 
-    def __init__(self, resource: str, socket_path: str) -> None:
+    def __init__(self, resource: str, socket_path: str, on_message: MessageTap | None = None) -> None:
         self.resource = resource
         self.socket_path = socket_path
+        # Sees each ListAndWatch message as received, before it is turned into devices (proxy mode forwards it).
+        self._on_message = on_message
+        self._raw_calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
         # authority "localhost" as the kubelet's dialer; no proxies for unix sockets.
         self._channel = grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]
@@ -71,6 +75,8 @@ class PluginClient:
         try:
             # No deadline, as upstream: the stream lives as long as the plugin does.
             async for response in self._stub.ListAndWatch(pb.Empty()):
+                if self._on_message is not None:
+                    self._on_message(response)
                 on_snapshot(devices_from_proto(response.devices))
         except grpc.aio.AioRpcError as err:
             reason = f"ListAndWatch ended: {err.code().name}: {err.details()}"
@@ -102,6 +108,16 @@ class PluginClient:
 
     async def pre_start_container(self, device_ids: Sequence[str], timeout: float) -> None:
         await self._stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=timeout)
+
+    async def call_raw(self, method: str, request: bytes, timeout: float | None) -> bytes:
+        """One unary DevicePlugin RPC (e.g. "Allocate") with request and response as wire bytes, so a proxy forwards
+        exactly what it got. Raises grpc.aio.AioRpcError with the plugin's status."""
+        call = self._raw_calls.get(method)
+        if call is None:
+            call = self._raw_calls[method] = self._channel.unary_unary(
+                f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None
+            )
+        return bytes(await call(request, timeout=timeout))
 
     async def close(self) -> None:
         """Stop the stream (without reporting it as a disconnect) and close the channel."""

@@ -1,0 +1,185 @@
+"""Proxy mode's moving parts behind one start/stop: a proxy endpoint per resource whose plugin ever connected,
+kept registered with the kubelet across restarts on every side, and the kubelet's ownership view.
+
+- Kubelet restart: it deletes every socket in its directory and re-creates `kubelet.sock`. A tick notices (both the
+  proxy socket and kubelet.sock have new identities), serves the socket again and registers every resource.
+- Plugin restart: the plugin re-registers with the agent; its new connection becomes the resource's primary and
+  its first message replaces the old one in the feed. The kubelet's stream never ends, so it never disconnects.
+- Agent restart: stale proxy sockets are removed; plugins re-register (the agent re-created its kubelet.sock), and
+  each resource is proxied and registered again. The kubelet's checkpoint keeps what it allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from deviceplane.agent.plugins.plugin_client import PluginClient
+from deviceplane.agent.proxy.endpoint import ProxyEndpoint, remove_stale_endpoints, socket_identity
+from deviceplane.agent.proxy.feed import SnapshotFeed
+from deviceplane.agent.proxy.forwarder import ForwardedCall, ResourceForwarder
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.core.constants import KUBELET_SOCKET_NAME
+from deviceplane.core.registry import DeviceRegistry, PluginOptions
+
+log = logging.getLogger("deviceplane.agent.proxy")
+
+TICK_SECONDS = 0.1  # how fast a kubelet restart is noticed (re-registration within 1 s)
+REGISTER_TIMEOUT_SECONDS = 10.0
+REGISTER_RETRY_SECONDS = 0.5
+
+
+class ProxyConnector:
+    """Makes the device manager's plugin connections, remembering each one's latest raw ListAndWatch message."""
+
+    def __init__(self) -> None:
+        self._latest: weakref.WeakKeyDictionary[PluginClient, pb.ListAndWatchResponse] = weakref.WeakKeyDictionary()
+
+    def __call__(self, resource: str, socket_path: str) -> PluginClient:
+        ref: list[weakref.ref[PluginClient]] = []
+
+        def record(message: pb.ListAndWatchResponse) -> None:
+            client = ref[0]()
+            if client is not None:
+                self._latest[client] = message
+
+        client = PluginClient(resource, socket_path, on_message=record)
+        ref.append(weakref.ref(client))
+        return client
+
+    def latest(self, client: PluginClient | None) -> pb.ListAndWatchResponse | None:
+        return self._latest.get(client) if client is not None else None
+
+
+class ProxyService:
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        plugin_lookup: Callable[[str], object | None],
+        connector: ProxyConnector,
+        kubelet_dir: Path,
+        on_call: Callable[[ForwardedCall], None],
+        register_timeout: float = REGISTER_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._plugin_lookup = plugin_lookup
+        self._connector = connector
+        self._kubelet_dir = kubelet_dir
+        self._kubelet_socket = kubelet_dir / KUBELET_SOCKET_NAME
+        self._on_call = on_call
+        self._register_timeout = register_timeout
+        self._clock = clock
+        self._feeds: dict[str, SnapshotFeed] = {}
+        self._endpoints: dict[str, ProxyEndpoint] = {}
+        self._retry_at: dict[str, float] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what the kubelet sees ----------------------------------------------------------------------------------------
+
+    def plugin(self, resource: str) -> PluginClient | None:
+        """The resource's primary plugin connection (the connector made every connection, so it is a PluginClient)."""
+        connection = self._plugin_lookup(resource)
+        return connection if isinstance(connection, PluginClient) else None
+
+    def options(self, resource: str) -> PluginOptions | None:
+        endpoint = self._registry.primary_endpoint(resource)
+        return endpoint.options if endpoint is not None else None
+
+    def on_device_event(self, event: object) -> None:
+        """Device manager listener: after any change of a resource, its feed shows the new state at once."""
+        resource = getattr(event, "resource", None)
+        if isinstance(resource, str):
+            self._show(resource)
+
+    def _show(self, resource: str) -> None:
+        feed = self._feeds.get(resource)
+        state = self._registry.resources.get(resource)
+        if feed is not None and state is not None:
+            feed.show(self._connector.latest(self.plugin(resource)), state.connected)
+
+    def _wanted(self) -> list[str]:
+        """Resources a plugin connected for (not a checkpoint's placeholder) and not yet deleted."""
+        return [
+            name
+            for name, state in self._registry.resources.items()
+            if state.primary is not None and state.primary.socket_path is not None
+        ]
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        removed = remove_stale_endpoints(self._kubelet_dir)
+        if removed:
+            log.info("removed stale proxy sockets", extra={"sockets": removed})
+        self._task = asyncio.create_task(self._run(), name="proxy-reconcile")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for name in list(self._endpoints):
+            await self._drop(name)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:  # one bad tick must not end proxying
+                log.exception("proxy reconcile failed")
+            await asyncio.sleep(TICK_SECONDS)
+
+    async def reconcile(self) -> None:
+        wanted = self._wanted()
+        for name in [n for n in self._endpoints if n not in wanted]:
+            await self._drop(name)
+        for name in wanted:
+            endpoint = self._endpoints.get(name)
+            if endpoint is None:
+                endpoint = self._add(name)
+            if await endpoint.ensure_serving():
+                log.info("proxy endpoint serving", extra={"resource": name, "socket": str(endpoint.socket_path)})
+            self._show(name)
+        kubelet = socket_identity(self._kubelet_socket)
+        if kubelet is None:
+            return  # the kubelet is not (yet) serving; its socket's appearance triggers registration
+        for name, endpoint in self._endpoints.items():
+            if endpoint.registered == kubelet or self._clock() < self._retry_at.get(name, 0.0):
+                continue
+            try:
+                options = self.options(name) or PluginOptions()
+                await endpoint.register(self._kubelet_socket, options, self._register_timeout)
+            except grpc.aio.AioRpcError as err:
+                self._retry_at[name] = self._clock() + REGISTER_RETRY_SECONDS
+                log.warning(
+                    "registration with the kubelet failed",
+                    extra={"resource": name, "error": f"{err.code().name}: {err.details()}"},
+                )
+                continue
+            endpoint.registered = kubelet
+            log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name})
+
+    def _add(self, name: str) -> ProxyEndpoint:
+        feed = self._feeds[name] = SnapshotFeed()
+        forwarder = ResourceForwarder(name, feed, self.plugin, self.options, self._on_call)
+        endpoint = self._endpoints[name] = ProxyEndpoint(name, self._kubelet_dir, forwarder.handler())
+        return endpoint
+
+    async def _drop(self, name: str) -> None:
+        feed = self._feeds.pop(name, None)
+        if feed is not None:
+            feed.close()
+        endpoint = self._endpoints.pop(name, None)
+        self._retry_at.pop(name, None)
+        if endpoint is not None:
+            with contextlib.suppress(Exception):
+                await endpoint.close()
+            log.info("proxy endpoint removed", extra={"resource": name})
