@@ -67,12 +67,12 @@ class Agent:
         self.store = CheckpointStore(config.plugin_dir)
         self.proxy: ProxyMode | None = None
         if config.kubelet_dir is not None:
-            self.proxy = ProxyMode(config.kubelet_dir, config.kubelet_pod_resources_socket)
+            self.proxy = ProxyMode(config.plugin_dir, config.kubelet_dir, config.kubelet_pod_resources_socket)
             self.manager = DeviceManager(
                 self.store, config.grace_period, config.dial_timeout, connector=self.proxy.connector
             )
-            proxy_service = self.proxy.bind(self.manager.registry, self.manager.client)
-            self.manager.observers.append(proxy_service.on_device_event)
+            self.proxy.bind(self.manager.registry, self.manager.client)
+            self.manager.observers.append(self.proxy.on_device_event)
         else:
             self.manager = DeviceManager(self.store, config.grace_period, config.dial_timeout)
         self.allocation = AllocationService(
@@ -143,7 +143,10 @@ class Agent:
             log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices or {})})
         if self.proxy is None:
             self.allocation.restore(restored)
-        removed = cleanup_plugin_dir(plugin_dir)
+        if self.proxy is not None:
+            removed = await self.proxy.recover(self.manager.register)
+        else:
+            removed = cleanup_plugin_dir(plugin_dir)
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -231,19 +231,21 @@ def kubelet_harness(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Harne
     """Factory: start the real kubelet device manager on <socket_dir>/kubelet.sock; returns a Harness client."""
     started: list[Proc] = []
 
-    def start(socket_dir: Path, *, numa_nodes: int = 1, policy: str = "none") -> Harness:
+    def start(
+        socket_dir: Path, *, numa_nodes: int = 1, policy: str = "none", pod_resources_socket: Path | None = None
+    ) -> Harness:
         exe = need_binary(k8s_bin, "kubelet-harness")
         port = free_port()
-        p = procs.start(
-            "kubelet-harness",
-            [
-                str(exe),
-                f"--socket-dir={socket_dir}",
-                f"--http=127.0.0.1:{port}",
-                f"--numa-nodes={numa_nodes}",
-                f"--topology-policy={policy}",
-            ],
-        )
+        argv = [
+            str(exe),
+            f"--socket-dir={socket_dir}",
+            f"--http=127.0.0.1:{port}",
+            f"--numa-nodes={numa_nodes}",
+            f"--topology-policy={policy}",
+        ]
+        if pod_resources_socket is not None:  # the kubelet's PodResources v1 server, over the real device manager
+            argv.append(f"--pod-resources-socket={pod_resources_socket}")
+        p = procs.start("kubelet-harness", argv)
         started.append(p)
         h = Harness(p, f"http://127.0.0.1:{port}", socket_dir)
         # The harness serves HTTP only after the device manager listens on <socket_dir>/kubelet.sock.
@@ -282,8 +284,11 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
     """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent."""
     started: list[Proc] = []
 
-    def start(*, pod_manifest_dir: Path | None = None) -> Agent:
-        plugin_dir = short_tmp("dp-plugins")
+    def start(
+        *, pod_manifest_dir: Path | None = None, plugin_dir: Path | None = None, extra: Sequence[str] = ()
+    ) -> Agent:
+        # plugin_dir: reuse one (an agent restarted after SIGKILL); extra: more flags (e.g. --mode proxy ...)
+        plugin_dir = plugin_dir or short_tmp("dp-plugins")
         pr_dir = short_tmp("dp-podres")
         port = free_port()
         argv = [
@@ -301,6 +306,7 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
         ]
         if pod_manifest_dir is not None:
             argv += ["--pod-manifest-dir", str(pod_manifest_dir)]
+        argv += list(extra)
         p = procs.start("deviceplane-agent", argv, cwd=REPO)
         started.append(p)
         agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir)

@@ -105,6 +105,14 @@ class ProxyService:
         if feed is not None and state is not None:
             feed.show(self._connector.latest(self.plugin(resource)), state.connected)
 
+    def connected_plugins(self) -> dict[str, str]:
+        """Resource -> socket of its connected primary plugin (what an agent restart reconnects to)."""
+        return {
+            name: state.primary.socket_path
+            for name, state in self._registry.resources.items()
+            if state.connected and state.primary is not None and state.primary.socket_path is not None
+        }
+
     def _wanted(self) -> list[str]:
         """Resources a plugin connected for (not a checkpoint's placeholder) and not yet deleted."""
         return [

@@ -1,0 +1,295 @@
+"""Proxy mode in front of the kubelet's real device manager and PodResources server (our Go harness).
+
+Unmodified upstream plugins (sample-device-plugin, generic-device-plugin) and our sim plugin register with the agent
+(`--mode proxy`); the agent registers one proxy endpoint per resource with the harness. Every comparison runs the
+plugin both ways in one test: registered with a harness directly, and behind the agent with another harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from tests.support.procs import free_port
+
+from .cluster import REPO, http_json
+from .conftest import Agent, Harness
+from .procs import Proc, Procs, wait_for
+from .test_kubelet_harness import pod
+
+SAMPLE = "example.com/resource"
+SIM = "example.com/sim"
+NULL = "squat.ai/null"
+
+
+def proxy_socket(resource: str) -> str:
+    return "deviceplane-proxy-" + resource.replace("/", "_") + ".sock"
+
+
+def kubelet_side(short_tmp: Callable[[str], Path]) -> tuple[Path, Path]:
+    """A kubelet's device-plugin dir and PodResources socket path."""
+    return short_tmp("kdp"), short_tmp("kpr") / "kubelet.sock"
+
+
+def start_proxy(
+    deviceplane_agent: Callable[..., Agent], kubelet_dir: Path, pod_resources: Path, plugin_dir: Path | None = None
+) -> Agent:
+    extra = [
+        "--mode", "proxy",
+        "--kubelet-dir", str(kubelet_dir),
+        "--kubelet-pod-resources-socket", str(pod_resources),
+    ]  # fmt: skip
+    return deviceplane_agent(plugin_dir=plugin_dir, extra=extra)
+
+
+def start_sim(procs: Procs, plugin_dir: Path, count: int = 4) -> tuple[Proc, str]:
+    """Our sim plugin with its control endpoint; returns the process and the control URL."""
+    argv = [
+        sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", SIM, "--count", str(count),
+        "--numa", "0", "--plugin-dir", str(plugin_dir), "--control", f"127.0.0.1:{free_port()}",
+    ]  # fmt: skip
+    p = procs.start("deviceplane-plugin-sim", argv, cwd=REPO)
+    url: list[str] = []
+
+    def printed() -> bool:
+        for line in p.log.read_text(errors="replace").splitlines():
+            if line.startswith("control: "):
+                url.append(line.removeprefix("control: ").strip())
+                return True
+        return False
+
+    wait_for("sim control address", printed, procs=[p], timeout=30)
+    return p, url[0]
+
+
+def counts(h: Harness, resource: str) -> tuple[int | None, int | None]:
+    cap = h.capacity()
+    return cap["capacity"].get(resource), cap["allocatable"].get(resource)
+
+
+def admit_app(h: Harness, name: str, resource: str, n: int) -> dict[str, Any]:
+    result = h.admit(pod(name, app={resource: n}))
+    assert result["admitted"], result
+    return result
+
+
+def raw_allocate(socket: Path, device_ids: list[str]) -> tuple[str, bytes | str]:
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
+
+    async def call() -> tuple[str, bytes | str]:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            method = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+            try:
+                return "OK", bytes(await method(request.SerializeToString(), timeout=10))
+            except grpc.aio.AioRpcError as err:
+                return err.code().name, err.details() or ""
+
+    return asyncio.run(call())
+
+
+def view(agent: Agent, resource: str) -> dict[str, dict[str, Any]]:
+    r = agent.resource(resource)
+    return {d["id"]: d for d in r["devices"]} if r else {}
+
+
+def metric(agent: Agent, name: str, **labels: str) -> float | None:
+    with urllib.request.urlopen(agent.url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.split("{")[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+# ---- the same as direct registration -----------------------------------------------------------------------------
+
+
+def test_sample_plugin_behind_proxy_matches_direct_registration(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, short_tmp
+) -> None:
+    # Direct: the plugin registers with harness A.
+    direct = kubelet_harness(short_tmp("kha"))
+    direct_plugin = sample_device_plugin(direct.socket_dir)
+    wait_for("direct capacity", lambda: counts(direct, SAMPLE) == (2, 2), procs=[direct.proc, direct_plugin])
+
+    # Proxied: the plugin registers with the agent, the agent with harness B.
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    plugin = sample_device_plugin(agent.plugin_dir)
+    wait_for("proxied capacity", lambda: counts(proxied, SAMPLE) == (2, 2), procs=[proxied.proc, agent.proc, plugin])
+
+    assert proxied.capacity()["devices"] == direct.capacity()["devices"]
+
+    # The same Allocate, both ways: byte-for-byte the plugin's response, and the same error for a bad device.
+    (direct_socket,) = [p for p in agent.plugin_dir.iterdir() if p.name.startswith("dp.")]
+    for ids in (["Dev-1", "Dev-2"], ["Dev-9"]):
+        assert raw_allocate(kubelet_dir / proxy_socket(SAMPLE), ids) == raw_allocate(direct_socket, ids)
+    assert raw_allocate(kubelet_dir / proxy_socket(SAMPLE), ["Dev-1"])[0] == "OK"
+
+    # Through the kubelet's own admission path: the run options (from the plugin's AllocateResponse) are identical.
+    a = admit_app(direct, "direct", SAMPLE, 2)
+    b = admit_app(proxied, "proxied", SAMPLE, 2)
+    assert b["containers"][0]["runOptions"] == a["containers"][0]["runOptions"]
+    assert b["containers"][0]["devices"] == a["containers"][0]["devices"] == {SAMPLE: ["Dev-1", "Dev-2"]}
+
+    # The agent names the pod the kubelet gave the devices to (from the harness's PodResources).
+    def owners() -> set[str]:
+        return {d["allocatedTo"]["pod"] for d in view(agent, SAMPLE).values() if d["allocatedTo"]}
+
+    wait_for("owner in the agent's view", lambda: owners() == {"proxied"}, procs=[agent.proc], timeout=5)
+    # Capacity is the kubelet's: the agent never allocated (no admission of its own) and has no pods but the kubelet's.
+    assert [p["name"] for p in agent.pods() if p["source"] == "kubelet"] == ["proxied"]
+
+
+def test_generic_device_plugin_behind_proxy_matches_direct_registration(
+    kubelet_harness, generic_device_plugin, deviceplane_agent, short_tmp
+) -> None:
+    direct = kubelet_harness(short_tmp("kha"))
+    direct_plugin = generic_device_plugin(direct.socket_dir)
+    wait_for("direct capacity", lambda: counts(direct, NULL) == (4, 4), procs=[direct.proc, direct_plugin])
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    plugin = generic_device_plugin(agent.plugin_dir)
+    wait_for("proxied capacity", lambda: counts(proxied, NULL) == (4, 4), procs=[proxied.proc, agent.proc, plugin])
+    assert proxied.capacity()["devices"] == direct.capacity()["devices"]
+    a = admit_app(direct, "direct", NULL, 4)
+    b = admit_app(proxied, "proxied", NULL, 4)
+    assert b["containers"][0]["runOptions"] == a["containers"][0]["runOptions"]
+    assert b["containers"][0]["runOptions"]["devices"], b  # /dev/null device specs came through
+    sockets = [p for p in agent.plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock"]
+    (direct_socket,) = sockets
+    ids = b["containers"][0]["devices"][NULL]
+    assert raw_allocate(kubelet_dir / proxy_socket(NULL), ids) == raw_allocate(direct_socket, ids)
+
+
+# ---- health and owners -------------------------------------------------------------------------------------------
+
+
+def test_unhealthy_device_reaches_kubelet_and_agent_within_1s_with_its_pod(
+    kubelet_harness, deviceplane_agent, procs, short_tmp
+) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sim, control = start_sim(procs, agent.plugin_dir)
+    wait_for("sim through the proxy", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, agent.proc, sim])
+    admitted = admit_app(h, "holder", SIM, 1)
+    (device_id,) = admitted["containers"][0]["devices"][SIM]
+    wait_for(
+        "owner named",
+        lambda: (view(agent, SIM)[device_id]["allocatedTo"] or {}).get("pod") == "holder",
+        procs=[agent.proc],
+        timeout=5,
+    )
+
+    start = time.monotonic()
+    http_json(f"{control}/devices/{device_id}/unhealthy", method="POST", body={})
+    wait_for("harness allocatable 3", lambda: counts(h, SIM) == (4, 3), interval=0.02, timeout=1)
+    assert device_id not in {d["id"] for d in h.capacity()["devices"][SIM]}  # not among the kubelet's healthy
+    wait_for(
+        "agent metric 0",
+        lambda: metric(agent, "deviceplane_device_health", resource_name=SIM, device_id=device_id) == 0.0,
+        interval=0.02,
+        timeout=1,
+    )
+    assert time.monotonic() - start < 1.0
+    flipped = view(agent, SIM)[device_id]
+    assert flipped["health"] == "Unhealthy"
+    assert flipped["allocatedTo"] == {"namespace": "default", "pod": "holder", "container": "app"}
+
+
+# ---- restarts ----------------------------------------------------------------------------------------------------
+
+
+def test_agent_kill9_mid_traffic_then_restart(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
+) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sample = sample_device_plugin(agent.plugin_dir)
+    sim, _control = start_sim(procs, agent.plugin_dir, count=8)
+    both = lambda: counts(h, SAMPLE) == (2, 2) and counts(h, SIM) == (8, 8)  # noqa: E731
+    wait_for("both proxied", both, procs=[h.proc, agent.proc, sample, sim])
+
+    held = {name: admit_app(h, name, SIM, 2)["containers"][0]["devices"][SIM] for name in ("keep-a", "keep-b")}
+
+    # Traffic: admit and remove 1-device pods in a loop while the agent is killed and restarted.
+    stop = threading.Event()
+    outcomes: list[tuple[bool, list[str]]] = []
+
+    def traffic() -> None:
+        while not stop.is_set():
+            result = h.admit(pod(f"t-{uuid.uuid4().hex[:6]}", app={SIM: 1}))
+            devices = result["containers"][0]["devices"].get(SIM, []) if result["admitted"] else []
+            outcomes.append((result["admitted"], devices))
+            if result["admitted"]:
+                h.remove(result["uid"])
+            time.sleep(0.02)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    os.killpg(agent.proc.pgid, signal.SIGKILL)
+    procs.stop(agent.proc)
+    time.sleep(0.5)
+    restarted = start_proxy(deviceplane_agent, kubelet_dir, pod_resources, plugin_dir=agent.plugin_dir)
+    up = time.monotonic()
+    wait_for("re-proxied", both, procs=[h.proc, restarted.proc, sample, sim], interval=0.05, timeout=5)
+    wait_for(
+        "owners visible again",
+        lambda: {d["allocatedTo"]["pod"] for d in view(restarted, SIM).values() if d["allocatedTo"]} >= set(held),
+        procs=[restarted.proc],
+        interval=0.05,
+        timeout=max(0.1, 5 - (time.monotonic() - up)),
+    )
+    time.sleep(1.0)
+    stop.set()
+    worker.join(timeout=15)
+
+    # Nothing the kubelet allocated was lost or changed, and no device is held twice.
+    pods = {p["name"]: p for p in http_json(h.url + "/pods")}
+    for name, ids in held.items():
+        assert pods[name]["containers"][0]["devices"][SIM] == ids
+    in_use = [d for p in pods.values() for c in p["containers"] for d in c["devices"].get(SIM, [])]
+    assert len(in_use) == len(set(in_use)), pods
+    assert any(ok for ok, _ in outcomes), "traffic never got an admission through"
+    for ok, devices in outcomes:
+        assert not ok or not set(devices) & {d for ids in held.values() for d in ids}, (devices, held)
+    assert sim.alive() and sample.alive()
+
+
+def test_harness_restart_reregisters_every_resource_within_1s(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
+) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sample = sample_device_plugin(agent.plugin_dir)
+    sim, _control = start_sim(procs, agent.plugin_dir)
+    both = lambda: counts(h, SAMPLE) == (2, 2) and counts(h, SIM) == (4, 4)  # noqa: E731
+    wait_for("both proxied", both, procs=[h.proc, agent.proc, sample, sim])
+    procs.stop(h.proc)
+    h2 = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)  # returns once it serves
+    # Measured from the new kubelet.sock's creation (the harness answers /healthz a little later).
+    created = os.stat(kubelet_dir / "kubelet.sock").st_ctime
+    both2 = lambda: counts(h2, SAMPLE) == (2, 2) and counts(h2, SIM) == (4, 4)  # noqa: E731
+    wait_for("re-registered", both2, procs=[h2.proc, agent.proc], interval=0.02, timeout=1)
+    assert time.time() - created < 1.0
+    # The re-registered endpoints allocate: through the proxy, for the restarted kubelet.
+    assert admit_app(h2, "after", SAMPLE, 2)["containers"][0]["runOptions"]["mounts"]
