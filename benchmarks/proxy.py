@@ -25,11 +25,11 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from tests.support.procs import AgentProcess, child_env, wait_for
 
 RESOURCE = "example.com/sim"
-PROXY_SOCKET = "deviceplane-proxy-example.com_sim.sock"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -53,6 +53,7 @@ def main() -> int:
         tmp = Path(tmp_name)
         kubelet_dir = tmp / "k"
         kubelet_dir.mkdir()
+        proxy_socket = kubelet_dir / endpoint_name(RESOURCE, kubelet_dir)
         agent = AgentProcess(
             tmp / "agent", "--mode", "proxy", "--kubelet-dir", str(kubelet_dir), "--log-level", "warning",
             plugin_dir=tmp / "p",
@@ -63,13 +64,13 @@ def main() -> int:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), start_new_session=True,
         )  # fmt: skip
         try:
-            wait_for(lambda: (kubelet_dir / PROXY_SOCKET).exists(), timeout=30, what="proxy endpoint")
+            wait_for(lambda: proxy_socket.exists(), timeout=30, what="proxy endpoint")
             (direct_socket,) = [p for p in (tmp / "p").iterdir() if p.name.startswith("example.com_sim")]
             request = pb.AllocateRequest(
                 container_requests=[pb.ContainerAllocateRequest(devices_ids=[f"sim-{i}" for i in range(args.devices)])]
             ).SerializeToString()
             direct_channel, direct = allocate_call(direct_socket)
-            proxy_channel, proxied = allocate_call(kubelet_dir / PROXY_SOCKET)
+            proxy_channel, proxied = allocate_call(proxy_socket)
             for _ in range(200):  # warm-up: connections, caches
                 assert direct(request, timeout=10) == proxied(request, timeout=10)
             times_direct: list[float] = []

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 
+from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from tests.support.procs import free_port
 
@@ -32,10 +33,6 @@ from .test_kubelet_harness import pod
 SAMPLE = "example.com/resource"
 SIM = "example.com/sim"
 NULL = "squat.ai/null"
-
-
-def proxy_socket(resource: str) -> str:
-    return "deviceplane-proxy-" + resource.replace("/", "_") + ".sock"
 
 
 def kubelet_side(short_tmp: Callable[[str], Path]) -> tuple[Path, Path]:
@@ -137,8 +134,8 @@ def test_sample_plugin_behind_proxy_matches_direct_registration(
     # The same Allocate, both ways: byte-for-byte the plugin's response, and the same error for a bad device.
     (direct_socket,) = [p for p in agent.plugin_dir.iterdir() if p.name.startswith("dp.")]
     for ids in (["Dev-1", "Dev-2"], ["Dev-9"]):
-        assert raw_allocate(kubelet_dir / proxy_socket(SAMPLE), ids) == raw_allocate(direct_socket, ids)
-    assert raw_allocate(kubelet_dir / proxy_socket(SAMPLE), ["Dev-1"])[0] == "OK"
+        assert raw_allocate(kubelet_dir / endpoint_name(SAMPLE, kubelet_dir), ids) == raw_allocate(direct_socket, ids)
+    assert raw_allocate(kubelet_dir / endpoint_name(SAMPLE, kubelet_dir), ["Dev-1"])[0] == "OK"
 
     # Through the kubelet's own admission path: the run options (from the plugin's AllocateResponse) are identical.
     a = admit_app(direct, "direct", SAMPLE, 2)
@@ -174,7 +171,7 @@ def test_generic_device_plugin_behind_proxy_matches_direct_registration(
     sockets = [p for p in agent.plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock"]
     (direct_socket,) = sockets
     ids = b["containers"][0]["devices"][NULL]
-    assert raw_allocate(kubelet_dir / proxy_socket(NULL), ids) == raw_allocate(direct_socket, ids)
+    assert raw_allocate(kubelet_dir / endpoint_name(NULL, kubelet_dir), ids) == raw_allocate(direct_socket, ids)
 
 
 # ---- health and owners -------------------------------------------------------------------------------------------

@@ -15,13 +15,13 @@ from typing import Any
 import grpc
 import pytest
 
+from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from tests.support.plugins import PluginProcess, short_tmpdir, wait_until
 from tests.support.pods import container, pod_manifest, write_pod
 from tests.support.procs import AgentProcess
 
 SIM = "example.com/sim"
-PROXY_SOCKET = "deviceplane-proxy-example.com_sim.sock"
 
 
 class ProxyEnv:
@@ -103,7 +103,7 @@ async def raw_call(socket: Path, method: str, request: bytes) -> tuple[str, byte
 async def test_rpcs_forwarded_byte_for_byte_with_the_plugins_status(env: ProxyEnv) -> None:
     sim = await proxied(env)
     direct = Path(sim.control("GET", "/devices")["socket"])
-    via_proxy = env.kubelet_dir / PROXY_SOCKET
+    via_proxy = env.kubelet_dir / endpoint_name(SIM, env.kubelet_dir)
     requests: list[tuple[str, bytes]] = [
         ("GetDevicePluginOptions", pb.Empty().SerializeToString()),
         (

@@ -4,6 +4,7 @@ registration with the kubelet's `kubelet.sock`."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -18,6 +19,7 @@ from deviceplane.core.registry import PluginOptions
 log = logging.getLogger("deviceplane.agent.proxy")
 
 SOCKET_PREFIX = "deviceplane-proxy-"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, NUL included
 SocketIdentity = tuple[int, int]  # (inode, ctime): a re-created socket differs
 
 
@@ -29,9 +31,13 @@ def socket_identity(path: Path) -> SocketIdentity | None:
     return info.st_ino, info.st_ctime_ns
 
 
-def endpoint_name(resource: str) -> str:
-    """The socket file name of a resource's proxy endpoint: stable, so a restarted agent replaces its own."""
-    return SOCKET_PREFIX + resource.replace("/", "_") + ".sock"
+def endpoint_name(resource: str, directory: Path) -> str:
+    """The socket file name of a resource's proxy endpoint: stable, so a restarted agent replaces its own. Readable
+    when the path fits a unix socket address (107 bytes), else a hash of the resource name."""
+    name = SOCKET_PREFIX + resource.replace("/", "_") + ".sock"
+    if len(os.fsencode(directory / name)) > MAX_SOCKET_PATH:
+        name = SOCKET_PREFIX + hashlib.sha256(resource.encode()).hexdigest()[:16] + ".sock"
+    return name
 
 
 def remove_stale_endpoints(kubelet_dir: Path) -> list[str]:
@@ -49,13 +55,17 @@ def remove_stale_endpoints(kubelet_dir: Path) -> list[str]:
 class ProxyEndpoint:
     def __init__(self, resource: str, kubelet_dir: Path, handler: grpc.GenericRpcHandler) -> None:
         self.resource = resource
-        self.name = endpoint_name(resource)
+        self.name = endpoint_name(resource, kubelet_dir)
         self.socket_path = kubelet_dir / self.name
         self._handler = handler
         self._server: grpc.aio.Server | None = None
         self._identity: SocketIdentity | None = None
         # The kubelet.sock (identity) this endpoint is registered with; None until registered, and after re-serving.
         self.registered: SocketIdentity | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
 
     async def ensure_serving(self) -> bool:
         """Serve on the socket; when the socket is gone or replaced (the kubelet deletes every socket in its

@@ -112,6 +112,7 @@ class Ownership:
         return {resource: len(ids) for resource, ids in self._view.allocatable.items()}
 
     def pods_json(self) -> list[dict[str, Any]]:
+        self._settle()
         pods = list(self._view.pods)
         pending: dict[str, list[str]] = {}
         for resource, device_id in sorted(self._pending):

@@ -153,14 +153,21 @@ class ProxyService:
             endpoint = self._endpoints.get(name)
             if endpoint is None:
                 endpoint = self._add(name)
-            if await endpoint.ensure_serving():
-                log.info("proxy endpoint serving", extra={"resource": name, "socket": str(endpoint.socket_path)})
+            if self._clock() < self._retry_at.get(name, 0.0):
+                continue
+            try:
+                if await endpoint.ensure_serving():
+                    log.info("proxy endpoint serving", extra={"resource": name, "socket": str(endpoint.socket_path)})
+            except (OSError, RuntimeError) as err:  # e.g. the kubelet's directory is not writable: others go on
+                self._retry_at[name] = self._clock() + REGISTER_RETRY_SECONDS
+                log.warning("cannot serve the proxy endpoint", extra={"resource": name, "error": str(err)})
+                continue
             self._show(name)
         kubelet = socket_identity(self._kubelet_socket)
         if kubelet is None:
             return  # the kubelet is not (yet) serving; its socket's appearance triggers registration
         for name, endpoint in self._endpoints.items():
-            if endpoint.registered == kubelet or self._clock() < self._retry_at.get(name, 0.0):
+            if not endpoint.serving or endpoint.registered == kubelet or self._clock() < self._retry_at.get(name, 0.0):
                 continue
             try:
                 options = self.options(name) or PluginOptions()
