@@ -8,6 +8,7 @@ plugin both ways in one test: registered with a harness directly, and behind the
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -20,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import yaml
 
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.cli import build_parser
 from tests.support.procs import free_port
 
 from .cluster import REPO, http_json
@@ -290,3 +293,22 @@ def test_harness_restart_reregisters_every_resource_within_1s(
     assert time.time() - created < 1.0
     # The re-registered endpoints allocate: through the proxy, for the restarted kubelet.
     assert admit_app(h2, "after", SAMPLE, 2)["containers"][0]["runOptions"]["mounts"]
+
+
+# ---- the DaemonSet ----------------------------------------------------------------------------------------------
+
+
+def test_proxy_daemonset_manifest_is_accepted_and_runs_the_proxy_mode(cluster) -> None:
+    path = REPO / "manifests" / "31-agent-proxy.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    cluster.kubectl("create", "namespace", "deviceplane-system", check=False)
+    out = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", str(path))
+    accepted = json.loads(out)
+    assert accepted["kind"] == "DaemonSet" and accepted["metadata"]["name"] == "deviceplane-agent-proxy"
+    # The arguments parse with the agent's own CLI and select proxy mode with the kubelet's paths.
+    args = manifest["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser(args).parse_args(args)
+    assert parsed.mode == "proxy"
+    assert str(parsed.kubelet_dir) == "/var/lib/kubelet/device-plugins"
+    mounts = {m["mountPath"] for m in manifest["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {str(parsed.kubelet_dir), str(parsed.plugin_dir), str(parsed.kubelet_pod_resources_socket.parent)} <= mounts
