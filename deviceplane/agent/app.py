@@ -55,8 +55,6 @@ __all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 
 log = logging.getLogger("deviceplane.agent")
 
-SWEEP_INTERVAL_SECONDS = 1.0
-
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -127,7 +125,7 @@ class Agent:
             self.pods.register_source(source.name)
 
         # -- serving ----------------------------------------------------------------------------------------------
-        self.views = ApiViews(self.registry, self.manager.sweep, self.pods, self.pod_devices, config.node_name)
+        self.views = ApiViews(self.registry, self.pods, self.pod_devices, config.node_name)
         self._pod_resources = PodResourcesServicer(self.pods, self.pod_devices, self.registry)
         self._pod_resources_server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -135,7 +133,7 @@ class Agent:
         # -- background tasks -------------------------------------------------------------------------------------
         # extension point: background tasks, (name, coroutine function); started in this order after the servers
         self.background: list[tuple[str, TaskFactory]] = [
-            ("capacity-sweep", self._sweep_loop),
+            ("grace-period-expiry", self.manager.expire_loop),
             ("registration-socket", self.registration.keep_serving),
             ("pod-sources", self._run_pod_sources),
         ]
@@ -182,11 +180,6 @@ class Agent:
             "agent started",
             extra={"socket": str(self.registration.socket), "http": self.config.http_addr, "pid": os.getpid()},
         )
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
-            self.manager.sweep()
 
     async def _run_watcher(self) -> None:
         if self._watcher is not None:
