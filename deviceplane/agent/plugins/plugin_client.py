@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
+from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.core.registry import Device, PluginOptions
 
 log = logging.getLogger("deviceplane.agent.plugin")
 
-SnapshotCallback = Callable[[Sequence[Device]], None]
-StreamEndCallback = Callable[[str], Awaitable[None]]
 MessageTap = Callable[[pb.ListAndWatchResponse], None]
 
 
@@ -24,12 +23,8 @@ def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
     return [Device(d.ID, d.health, tuple([n.ID for n in d.topology.nodes])) for d in devices]
 
 
-class PluginDialError(Exception):
-    pass
-
-
 class PluginClient:
-    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs."""
+    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs (a `PluginConnection`)."""
 
     def __init__(self, resource: str, socket_path: str, on_message: MessageTap | None = None) -> None:
         self.resource = resource
@@ -108,6 +103,10 @@ class PluginClient:
 
     async def pre_start_container(self, device_ids: Sequence[str], timeout: float) -> None:
         await self._stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     async def call_raw(self, method: str, request: bytes, timeout: float | None) -> bytes:
         """One unary DevicePlugin RPC (e.g. "Allocate") with request and response as wire bytes, so a proxy forwards

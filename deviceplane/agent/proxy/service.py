@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.proxy.endpoint import ProxyEndpoint, remove_stale_endpoints, socket_identity
 from deviceplane.agent.proxy.feed import SnapshotFeed
@@ -37,10 +38,13 @@ REGISTER_RETRY_SECONDS = 0.5
 
 
 class ProxyConnector:
-    """Makes the device manager's plugin connections, remembering each one's latest raw ListAndWatch message."""
+    """Makes the device manager's plugin connections (a `PluginConnector`), so it knows each one: the latest raw
+    ListAndWatch message of each, and which is current for a (resource, socket) - the newest not closed, since the
+    manager closes a connection as soon as it is replaced, fails to connect, or its stream ends."""
 
     def __init__(self) -> None:
         self._latest: weakref.WeakKeyDictionary[PluginClient, pb.ListAndWatchResponse] = weakref.WeakKeyDictionary()
+        self._made: dict[tuple[str, str], list[weakref.ref[PluginClient]]] = {}
 
     def __call__(self, resource: str, socket_path: str) -> PluginClient:
         ref: list[weakref.ref[PluginClient]] = []
@@ -52,7 +56,17 @@ class ProxyConnector:
 
         client = PluginClient(resource, socket_path, on_message=record)
         ref.append(weakref.ref(client))
+        made = self._made.setdefault((resource, socket_path), [])
+        made[:] = [r for r in made if (c := r()) is not None and not c.closed]
+        made.append(ref[0])
         return client
+
+    def current(self, resource: str, socket_path: str) -> PluginClient | None:
+        for ref in reversed(self._made.get((resource, socket_path), [])):
+            client = ref()
+            if client is not None and not client.closed:
+                return client
+        return None
 
     def latest(self, client: PluginClient | None) -> pb.ListAndWatchResponse | None:
         return self._latest.get(client) if client is not None else None
@@ -62,7 +76,6 @@ class ProxyService:
     def __init__(
         self,
         registry: DeviceRegistry,
-        plugin_lookup: Callable[[str], object | None],
         connector: ProxyConnector,
         kubelet_dir: Path,
         on_call: Callable[[ForwardedCall], None],
@@ -70,7 +83,6 @@ class ProxyService:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._registry = registry
-        self._plugin_lookup = plugin_lookup
         self._connector = connector
         self._kubelet_dir = kubelet_dir
         self._kubelet_socket = kubelet_dir / KUBELET_SOCKET_NAME
@@ -80,64 +92,58 @@ class ProxyService:
         self._feeds: dict[str, SnapshotFeed] = {}
         self._endpoints: dict[str, ProxyEndpoint] = {}
         self._retry_at: dict[str, float] = {}
-        self._task: asyncio.Task[None] | None = None
 
     # -- what the kubelet sees ----------------------------------------------------------------------------------------
 
     def plugin(self, resource: str) -> PluginClient | None:
-        """The resource's primary plugin connection (the connector made every connection, so it is a PluginClient)."""
-        connection = self._plugin_lookup(resource)
-        return connection if isinstance(connection, PluginClient) else None
+        """The resource's primary plugin connection, while it is connected."""
+        endpoint = self._registry.primary_endpoint(resource)
+        if endpoint is None or endpoint.socket_path is None or endpoint.is_stopped:
+            return None
+        return self._connector.current(resource, endpoint.socket_path)
 
     def options(self, resource: str) -> PluginOptions | None:
         endpoint = self._registry.primary_endpoint(resource)
         return endpoint.options if endpoint is not None else None
 
-    def on_device_event(self, event: object) -> None:
-        """Device manager listener: after any change of a resource, its feed shows the new state at once."""
-        resource = getattr(event, "resource", None)
-        if isinstance(resource, str):
-            self._show(resource)
+    def on_device_event(self, event: DeviceEvent) -> None:
+        """Device listener: after any change of a resource, its feed shows the new state at once."""
+        self._show(event.resource)
 
     def _show(self, resource: str) -> None:
         feed = self._feeds.get(resource)
-        state = self._registry.resources.get(resource)
+        state = self._registry.resource(resource)
         if feed is not None and state is not None:
             feed.show(self._connector.latest(self.plugin(resource)), state.connected)
 
     def connected_plugins(self) -> dict[str, str]:
         """Resource -> socket of its connected primary plugin (what an agent restart reconnects to)."""
         return {
-            name: state.primary.socket_path
-            for name, state in self._registry.resources.items()
+            state.name: state.primary.socket_path
+            for state in self._registry.statuses()
             if state.connected and state.primary is not None and state.primary.socket_path is not None
         }
 
     def _wanted(self) -> list[str]:
         """Resources a plugin connected for (not a checkpoint's placeholder) and not yet deleted."""
         return [
-            name
-            for name, state in self._registry.resources.items()
+            state.name
+            for state in self._registry.statuses()
             if state.primary is not None and state.primary.socket_path is not None
         ]
 
     # -- lifecycle ----------------------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        removed = remove_stale_endpoints(self._kubelet_dir)
-        if removed:
-            log.info("removed stale proxy sockets", extra={"sockets": removed})
-        self._task = asyncio.create_task(self._run(), name="proxy-reconcile")
+    def remove_stale_endpoints(self) -> list[str]:
+        """A previous agent's proxy sockets in the kubelet's directory (after SIGKILL nobody removed them)."""
+        return remove_stale_endpoints(self._kubelet_dir)
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+    async def close(self) -> None:
         for name in list(self._endpoints):
             await self._drop(name)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """Runs until cancelled: keeps every wanted endpoint served and registered with the kubelet."""
         while True:
             try:
                 await self.reconcile()
