@@ -17,6 +17,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -117,64 +118,77 @@ def metric(agent: Agent, name: str, **labels: str) -> float | None:
 # ---- the same as direct registration -----------------------------------------------------------------------------
 
 
-def test_sample_plugin_behind_proxy_matches_direct_registration(
-    kubelet_harness, sample_device_plugin, deviceplane_agent, short_tmp
-) -> None:
-    # Direct: the plugin registers with harness A.
-    direct = kubelet_harness(short_tmp("kha"))
-    direct_plugin = sample_device_plugin(direct.socket_dir)
-    wait_for("direct capacity", lambda: counts(direct, SAMPLE) == (2, 2), procs=[direct.proc, direct_plugin])
+@dataclass
+class BothWays:
+    direct: Harness  # the plugin registered with it directly
+    proxied: Harness  # the plugin behind the agent, the agent registered with it
+    agent: Agent
+    kubelet_dir: Path
 
-    # Proxied: the plugin registers with the agent, the agent with harness B.
+    def proxy_socket(self, resource: str) -> Path:
+        return self.kubelet_dir / endpoint_name(resource, self.kubelet_dir)
+
+    def plugin_socket(self) -> Path:
+        """The plugin's own socket in the agent's dir (the one plugin there)."""
+        (socket,) = [p for p in self.agent.plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock"]
+        return socket
+
+
+def both_ways(kubelet_harness, start_plugin, deviceplane_agent, short_tmp, resource: str, count: int) -> BothWays:
+    """One plugin instance registered with a harness directly, another behind the agent with a second harness."""
+    direct = kubelet_harness(short_tmp("kha"))
+    direct_plugin = start_plugin(direct.socket_dir)
+    wait_for("direct capacity", lambda: counts(direct, resource) == (count, count), procs=[direct.proc, direct_plugin])
     kubelet_dir, pod_resources = kubelet_side(short_tmp)
     proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
     agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
-    plugin = sample_device_plugin(agent.plugin_dir)
-    wait_for("proxied capacity", lambda: counts(proxied, SAMPLE) == (2, 2), procs=[proxied.proc, agent.proc, plugin])
-
+    plugin = start_plugin(agent.plugin_dir)
+    wait_for(
+        "proxied capacity",
+        lambda: counts(proxied, resource) == (count, count),
+        procs=[proxied.proc, agent.proc, plugin],
+    )
+    # The same capacity and devices as with direct registration.
     assert proxied.capacity()["devices"] == direct.capacity()["devices"]
+    return BothWays(direct, proxied, agent, kubelet_dir)
+
+
+def test_sample_plugin_behind_proxy_matches_direct_registration(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, short_tmp
+) -> None:
+    env = both_ways(kubelet_harness, sample_device_plugin, deviceplane_agent, short_tmp, SAMPLE, 2)
 
     # The same Allocate, both ways: byte-for-byte the plugin's response, and the same error for a bad device.
-    (direct_socket,) = [p for p in agent.plugin_dir.iterdir() if p.name.startswith("dp.")]
     for ids in (["Dev-1", "Dev-2"], ["Dev-9"]):
-        assert raw_allocate(kubelet_dir / endpoint_name(SAMPLE, kubelet_dir), ids) == raw_allocate(direct_socket, ids)
-    assert raw_allocate(kubelet_dir / endpoint_name(SAMPLE, kubelet_dir), ["Dev-1"])[0] == "OK"
+        assert raw_allocate(env.proxy_socket(SAMPLE), ids) == raw_allocate(env.plugin_socket(), ids)
+    assert raw_allocate(env.proxy_socket(SAMPLE), ["Dev-1"])[0] == "OK"
 
     # Through the kubelet's own admission path: the run options (from the plugin's AllocateResponse) are identical.
-    a = admit_app(direct, "direct", SAMPLE, 2)
-    b = admit_app(proxied, "proxied", SAMPLE, 2)
+    a = admit_app(env.direct, "direct", SAMPLE, 2)
+    b = admit_app(env.proxied, "proxied", SAMPLE, 2)
     assert b["containers"][0]["runOptions"] == a["containers"][0]["runOptions"]
     assert b["containers"][0]["devices"] == a["containers"][0]["devices"] == {SAMPLE: ["Dev-1", "Dev-2"]}
 
     # The agent names the pod the kubelet gave the devices to (from the harness's PodResources).
     def owners() -> set[str]:
-        return {d["allocatedTo"]["pod"] for d in view(agent, SAMPLE).values() if d["allocatedTo"]}
+        return {d["allocatedTo"]["pod"] for d in view(env.agent, SAMPLE).values() if d["allocatedTo"]}
 
-    wait_for("owner in the agent's view", lambda: owners() == {"proxied"}, procs=[agent.proc], timeout=5)
-    # Capacity is the kubelet's: the agent never allocated (no admission of its own) and has no pods but the kubelet's.
-    assert [p["name"] for p in agent.pods() if p["source"] == "kubelet"] == ["proxied"]
+    wait_for("owner in the agent's view", lambda: owners() == {"proxied"}, procs=[env.agent.proc], timeout=5)
+    # The agent never allocated (no admission of its own): its pods are the kubelet's.
+    assert [p["name"] for p in env.agent.pods() if p["source"] == "kubelet"] == ["proxied"]
 
 
 def test_generic_device_plugin_behind_proxy_matches_direct_registration(
     kubelet_harness, generic_device_plugin, deviceplane_agent, short_tmp
 ) -> None:
-    direct = kubelet_harness(short_tmp("kha"))
-    direct_plugin = generic_device_plugin(direct.socket_dir)
-    wait_for("direct capacity", lambda: counts(direct, NULL) == (4, 4), procs=[direct.proc, direct_plugin])
-    kubelet_dir, pod_resources = kubelet_side(short_tmp)
-    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
-    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
-    plugin = generic_device_plugin(agent.plugin_dir)
-    wait_for("proxied capacity", lambda: counts(proxied, NULL) == (4, 4), procs=[proxied.proc, agent.proc, plugin])
-    assert proxied.capacity()["devices"] == direct.capacity()["devices"]
-    a = admit_app(direct, "direct", NULL, 4)
-    b = admit_app(proxied, "proxied", NULL, 4)
+    env = both_ways(kubelet_harness, generic_device_plugin, deviceplane_agent, short_tmp, NULL, 4)
+    a = admit_app(env.direct, "direct", NULL, 4)
+    b = admit_app(env.proxied, "proxied", NULL, 4)
     assert b["containers"][0]["runOptions"] == a["containers"][0]["runOptions"]
     assert b["containers"][0]["runOptions"]["devices"], b  # /dev/null device specs came through
-    sockets = [p for p in agent.plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock"]
-    (direct_socket,) = sockets
     ids = b["containers"][0]["devices"][NULL]
-    assert raw_allocate(kubelet_dir / endpoint_name(NULL, kubelet_dir), ids) == raw_allocate(direct_socket, ids)
+    assert raw_allocate(env.proxy_socket(NULL), ids) == raw_allocate(env.plugin_socket(), ids)
+    assert raw_allocate(env.proxy_socket(NULL), ids)[0] == "OK"
 
 
 # ---- health and owners -------------------------------------------------------------------------------------------
