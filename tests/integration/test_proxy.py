@@ -6,10 +6,12 @@ client and PodResources APIs, and admits static pods); the e2e tests put the kub
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from subprocess import PIPE, STDOUT
 from typing import Any
 
 import grpc
@@ -17,6 +19,7 @@ import pytest
 
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from tests.integration.test_agent_metrics import promtool
 from tests.support.plugins import PluginProcess, short_tmpdir, wait_until
 from tests.support.pods import container, pod_manifest, write_pod
 from tests.support.procs import AgentProcess
@@ -269,3 +272,26 @@ async def test_proxy_never_allocates_and_serves_no_admission(env: ProxyEnv) -> N
     # Nothing allocated by the proxy itself; its pods view is the kubelet's (empty: no pods yet).
     assert env.proxy.get("/api/v1/pods") == []
     assert env.proxy.metric("deviceplane_allocations_total", resource_name=SIM, result="success") is None
+
+
+async def test_proxy_metrics_count_the_kubelets_allocations_and_pass_promtool(env: ProxyEnv) -> None:
+    tool = promtool()
+    await proxied(env)
+    assert env.proxy is not None
+    write_pod(env.pods_dir, "holder.json", pod_manifest("holder", [container("main", {SIM: 2})]))
+    await wait_until(lambda: _held(env.kubelet), within=15, what="pod admitted downstream")
+    # The downstream manager's Allocate went through the proxy: counted with the kubelet's metric semantics.
+    await wait_until(
+        lambda: env.proxy and env.proxy.metric("deviceplane_allocations_total", resource_name=SIM, result="success"),
+        within=5,
+        what="allocation counted",
+    )
+    assert env.proxy.metric("deviceplane_device_plugin_alloc_duration_seconds_count", resource_name=SIM) == 1.0
+    await wait_until(
+        lambda: env.proxy and env.proxy.metric("deviceplane_devices", resource_name=SIM, state="allocated") == 2.0,
+        within=5,
+        what="allocated from PodResources",
+    )
+    check = await asyncio.create_subprocess_exec(tool, "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT)
+    out, _ = await asyncio.wait_for(check.communicate(env.proxy.get_text("/metrics").encode()), 30)
+    assert check.returncode == 0, out.decode()

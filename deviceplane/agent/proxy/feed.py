@@ -30,13 +30,18 @@ class SnapshotFeed:
         self._version = 0
         self._changed = asyncio.Event()
         self._closed = False
+        self._inputs: tuple[pb.ListAndWatchResponse | None, bool] | None = None
 
     @property
     def current(self) -> pb.ListAndWatchResponse | None:
         return self._current
 
     def show(self, primary_message: pb.ListAndWatchResponse | None, connected: bool) -> bool:
-        """Set what readers see from the registry's state; True when that changed."""
+        """Set what readers see from the registry's state; True when that changed. Cheap when nothing did (it runs
+        on every tick): the same inputs as last time return at once."""
+        if self._inputs is not None and self._inputs[0] is primary_message and self._inputs[1] == connected:
+            return False  # identity, not value: comparing big snapshots every tick would cost
+        self._inputs = (primary_message, connected)
         if connected:
             if primary_message is None:
                 return False  # a new plugin before its first message: keep showing what we had

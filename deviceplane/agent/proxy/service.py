@@ -23,7 +23,7 @@ import grpc
 
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.plugins.plugin_client import PluginClient
-from deviceplane.agent.proxy.endpoint import ProxyEndpoint, remove_stale_endpoints, socket_identity
+from deviceplane.agent.proxy.endpoint import ProxyEndpoint, SocketIdentity, remove_stale_endpoints, socket_identity
 from deviceplane.agent.proxy.feed import SnapshotFeed
 from deviceplane.agent.proxy.forwarder import ForwardedCall, ResourceForwarder
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
@@ -92,6 +92,7 @@ class ProxyService:
         self._feeds: dict[str, SnapshotFeed] = {}
         self._endpoints: dict[str, ProxyEndpoint] = {}
         self._retry_at: dict[str, float] = {}
+        self._errors: dict[str, tuple[str, str]] = {}  # the last failure logged per resource
 
     # -- what the kubelet sees ----------------------------------------------------------------------------------------
 
@@ -165,28 +166,37 @@ class ProxyService:
                 if await endpoint.ensure_serving():
                     log.info("proxy endpoint serving", extra={"resource": name, "socket": str(endpoint.socket_path)})
             except (OSError, RuntimeError) as err:  # e.g. the kubelet's directory is not writable: others go on
-                self._retry_at[name] = self._clock() + REGISTER_RETRY_SECONDS
-                log.warning("cannot serve the proxy endpoint", extra={"resource": name, "error": str(err)})
+                self._failed(name, "cannot serve the proxy endpoint", str(err))
                 continue
             self._show(name)
         kubelet = socket_identity(self._kubelet_socket)
         if kubelet is None:
             return  # the kubelet is not (yet) serving; its socket's appearance triggers registration
-        for name, endpoint in self._endpoints.items():
-            if not endpoint.serving or endpoint.registered == kubelet or self._clock() < self._retry_at.get(name, 0.0):
-                continue
-            try:
-                options = self.options(name) or PluginOptions()
-                await endpoint.register(self._kubelet_socket, options, self._register_timeout)
-            except grpc.aio.AioRpcError as err:
-                self._retry_at[name] = self._clock() + REGISTER_RETRY_SECONDS
-                log.warning(
-                    "registration with the kubelet failed",
-                    extra={"resource": name, "error": f"{err.code().name}: {err.details()}"},
-                )
-                continue
-            endpoint.registered = kubelet
-            log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name})
+        due = [
+            (name, endpoint)
+            for name, endpoint in self._endpoints.items()
+            if endpoint.serving and endpoint.registered != kubelet and self._clock() >= self._retry_at.get(name, 0.0)
+        ]
+        # Concurrently: one resource the kubelet is slow to accept does not hold up the others.
+        await asyncio.gather(*(self._register(name, endpoint, kubelet) for name, endpoint in due))
+
+    async def _register(self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity) -> None:
+        try:
+            options = self.options(name) or PluginOptions()
+            await endpoint.register(self._kubelet_socket, options, self._register_timeout)
+        except grpc.aio.AioRpcError as err:
+            self._failed(name, "registration with the kubelet failed", f"{err.code().name}: {err.details()}")
+            return
+        self._errors.pop(name, None)
+        endpoint.registered = kubelet
+        log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name})
+
+    def _failed(self, name: str, what: str, error: str) -> None:
+        """Retry later; log once per distinct failure (a missing kubelet must not flood the log every tick)."""
+        self._retry_at[name] = self._clock() + REGISTER_RETRY_SECONDS
+        if self._errors.get(name) != (what, error):
+            self._errors[name] = (what, error)
+            log.warning(what, extra={"resource": name, "error": error})
 
     def _add(self, name: str) -> ProxyEndpoint:
         feed = self._feeds[name] = SnapshotFeed()
@@ -200,6 +210,7 @@ class ProxyService:
             feed.close()
         endpoint = self._endpoints.pop(name, None)
         self._retry_at.pop(name, None)
+        self._errors.pop(name, None)
         if endpoint is not None:
             with contextlib.suppress(Exception):
                 await endpoint.close()
