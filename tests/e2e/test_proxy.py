@@ -331,3 +331,31 @@ def test_proxy_daemonset_manifest_is_accepted_and_runs_the_proxy_mode(cluster) -
     assert str(parsed.kubelet_dir) == "/var/lib/kubelet/device-plugins"
     mounts = {m["mountPath"] for m in manifest["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
     assert {str(parsed.kubelet_dir), str(parsed.plugin_dir), str(parsed.kubelet_pod_resources_socket.parent)} <= mounts
+
+
+def test_plugin_restart_keeps_the_kubelets_endpoint(kubelet_harness, deviceplane_agent, procs, short_tmp) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sim, _control = start_sim(procs, agent.plugin_dir)
+    wait_for("sim through the proxy", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, agent.proc, sim])
+    held = admit_app(h, "holder", SIM, 1)["containers"][0]["devices"][SIM]
+
+    def kubelet_said(text: str) -> int:
+        return h.proc.log.read_text(errors="replace").count(text)
+
+    registered = f'"Got registration request from device plugin with resource" resourceName="{SIM}"'
+    assert kubelet_said(registered) == 1
+    procs.stop(sim)
+    # Plugin gone: the kubelet's stream stays, its devices turn unhealthy (capacity kept, nothing allocatable).
+    wait_for("devices unhealthy in the kubelet", lambda: counts(h, SIM) == (4, 0), procs=[agent.proc], timeout=5)
+    sim2, _control2 = start_sim(procs, agent.plugin_dir)
+    wait_for("the new plugin's devices", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, agent.proc, sim2])
+    # The kubelet never saw the endpoint go: registered once, no ListAndWatch ended, the allocation unchanged.
+    assert kubelet_said(registered) == 1
+    assert kubelet_said("ListAndWatch ended unexpectedly") == 0
+    pods = {p["name"]: p for p in http_json(h.url + "/pods")}
+    assert pods["holder"]["containers"][0]["devices"][SIM] == held
+    assert admit_app(h, "after", SIM, 3)["containers"][0]["devices"][
+        SIM
+    ]  # the other three, allocated via the new plugin
