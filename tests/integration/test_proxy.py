@@ -295,3 +295,17 @@ async def test_proxy_metrics_count_the_kubelets_allocations_and_pass_promtool(en
     check = await asyncio.create_subprocess_exec(tool, "check", "metrics", stdin=PIPE, stdout=PIPE, stderr=STDOUT)
     out, _ = await asyncio.wait_for(check.communicate(env.proxy.get_text("/metrics").encode()), 30)
     assert check.returncode == 0, out.decode()
+
+
+async def test_two_plugins_for_one_resource_the_kubelet_follows_the_primary(env: ProxyEnv) -> None:
+    first = await proxied(env)  # 4 devices
+    assert env.kubelet is not None
+    registered = env.kubelet.resource(SIM)
+    assert registered is not None
+    second = env.sim("--count", "2", "--numa", "1")  # newer: becomes primary, its devices are shown
+    await wait_until(lambda: env.kubelet and env.kubelet.counts(SIM) == (2, 2), within=10, what="second plugin shown")
+    second.kill()  # the survivor is promoted: its own last snapshot reaches the kubelet at once
+    await wait_until(lambda: env.kubelet and env.kubelet.counts(SIM) == (4, 4), within=2, what="survivor shown")
+    after = env.kubelet.resource(SIM)
+    assert after is not None and after["plugin"]["registeredAt"] == registered["plugin"]["registeredAt"]
+    assert first.proc.poll() is None
