@@ -133,6 +133,7 @@ class Agent:
             store=self.allocation_store,
             plugins=PluginCalls(self.manager, self.metrics, config.allocate_timeout),
             device_changes=device_changes,
+            metrics=self.metrics,
         )
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
         self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, Admitter(parts, settings))

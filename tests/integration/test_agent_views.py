@@ -3,7 +3,7 @@ grace period (expiry is the timer's job). In-process, the objects as the composi
 
 from __future__ import annotations
 
-import time
+import asyncio
 from pathlib import Path
 
 from deviceplane.agent.app import Agent, AgentConfig
@@ -21,7 +21,7 @@ def agent_in(tmp_path: Path, grace_period: float) -> Agent:
 async def test_devices_view_does_not_expire_resources(tmp_path: Path) -> None:
     agent = agent_in(tmp_path, grace_period=0.0)
     agent.manager.restore(CheckpointData(PodDeviceEntries=None, RegisteredDevices={RES: []}))
-    time.sleep(0.01)  # the restored resource is now past its (zero) grace period
+    await asyncio.sleep(0.01)  # the restored resource is now past its (zero) grace period
     first = agent.views.devices()
     second = agent.views.devices()
     assert [r["name"] for r in first["resources"]] == [RES]
