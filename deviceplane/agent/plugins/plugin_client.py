@@ -31,7 +31,7 @@ class PluginClient:
         self.socket_path = socket_path
         # Sees each ListAndWatch message as received, before it is turned into devices (proxy mode forwards it).
         self._on_message = on_message
-        self._raw_calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._raw_calls: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
         # authority "localhost" as the kubelet's dialer; no proxies for unix sockets.
         self._channel = grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import registration_stub
 from deviceplane.core.constants import VERSION
 from deviceplane.core.registry import PluginOptions
 
@@ -53,7 +53,7 @@ def remove_stale_endpoints(kubelet_dir: Path) -> list[str]:
 
 
 class ProxyEndpoint:
-    def __init__(self, resource: str, kubelet_dir: Path, handler: grpc.GenericRpcHandler) -> None:
+    def __init__(self, resource: str, kubelet_dir: Path, handler: grpc.GenericRpcHandler[bytes, bytes]) -> None:
         self.resource = resource
         self.name = endpoint_name(resource, kubelet_dir)
         self.socket_path = kubelet_dir / self.name
@@ -98,7 +98,7 @@ class ProxyEndpoint:
         async with grpc.aio.insecure_channel(
             f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]
         ) as channel:
-            await pb_grpc.RegistrationStub(channel).Register(request, timeout=timeout)
+            await registration_stub(channel).Register(request, timeout=timeout)
 
     async def _stop_server(self) -> None:
         if self._server is not None:

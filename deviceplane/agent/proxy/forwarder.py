@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -17,6 +17,7 @@ import grpc
 from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.proxy.feed import SnapshotFeed
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.typed_grpc import Context
 from deviceplane.core.registry import PluginOptions
 
 log = logging.getLogger("deviceplane.agent.proxy")
@@ -50,7 +51,7 @@ class ResourceForwarder:
         self._options = options
         self._on_call = on_call
 
-    def handler(self) -> grpc.GenericRpcHandler:
+    def handler(self) -> grpc.GenericRpcHandler[bytes, bytes]:
         # No (de)serializers: handlers get and return wire bytes.
         unary = {
             name: grpc.unary_unary_rpc_method_handler(self._unary(name))
@@ -59,13 +60,13 @@ class ResourceForwarder:
         stream = {"ListAndWatch": grpc.unary_stream_rpc_method_handler(self._list_and_watch)}
         return grpc.method_handlers_generic_handler(SERVICE, {**unary, **stream})
 
-    def _unary(self, method: str) -> Callable[[bytes, grpc.aio.ServicerContext], object]:
-        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    def _unary(self, method: str) -> Callable[[bytes, Context], Awaitable[bytes]]:
+        async def forward(request: bytes, context: Context) -> bytes:
             return await self._forward(method, request, context)
 
         return forward
 
-    async def _forward(self, method: str, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _forward(self, method: str, request: bytes, context: Context) -> bytes:
         start = time.perf_counter()
         client = self._plugin(self._resource)
         if client is None:
@@ -94,7 +95,7 @@ class ResourceForwarder:
     def _record(self, method: str, request: bytes, start: float, code: grpc.StatusCode) -> None:
         self._on_call(ForwardedCall(self._resource, method, request, time.perf_counter() - start, code))
 
-    async def _list_and_watch(self, _request: bytes, _context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _list_and_watch(self, _request: bytes, _context: Context) -> AsyncIterator[bytes]:
         log.info("kubelet follows ListAndWatch", extra={"resource": self._resource})
         async for wire in self._feed.follow():
             yield wire

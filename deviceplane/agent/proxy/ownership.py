@@ -11,10 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import grpc
 
@@ -31,6 +31,22 @@ CALL_TIMEOUT_SECONDS = 2.0
 PENDING_TTL_SECONDS = 60.0  # a pending allocation no pod ever claimed (a failed admission) is forgotten
 
 DeviceKey = tuple[str, str]  # (resource, device id)
+
+
+class PodResourcesClient(Protocol):
+    """The two PodResourcesLister v1 calls made here (protoc's stub carries no annotations)."""
+
+    def List(
+        self, request: pr.ListPodResourcesRequest, *, timeout: float | None = None
+    ) -> Awaitable[pr.ListPodResourcesResponse]: ...
+
+    def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, *, timeout: float | None = None
+    ) -> Awaitable[pr.AllocatableResourcesResponse]: ...
+
+
+def pod_resources_stub(channel: grpc.aio.Channel) -> PodResourcesClient:
+    return cast(PodResourcesClient, pr_grpc.PodResourcesListerStub(channel))  # type: ignore[no-untyped-call]
 
 
 @dataclass
@@ -142,7 +158,7 @@ class Ownership:
                         f"unix://{self._socket_path}", options=[("grpc.default_authority", "localhost")]
                     )
                 try:
-                    await self.poll_once(pr_grpc.PodResourcesListerStub(channel))
+                    await self.poll_once(pod_resources_stub(channel))
                 except grpc.aio.AioRpcError as err:
                     if self.reachable:
                         log.warning("kubelet PodResources unreachable: %s", err.details() or err.code().name)
@@ -155,7 +171,7 @@ class Ownership:
             if channel is not None:
                 await channel.close(None)
 
-    async def poll_once(self, stub: pr_grpc.PodResourcesListerStub) -> None:
+    async def poll_once(self, stub: PodResourcesClient) -> None:
         listed = await stub.List(pr.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
         allocatable = await stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
         self._view = kubelet_view(listed, allocatable)
