@@ -151,9 +151,12 @@ async def test_rpcs_forwarded_byte_for_byte_with_the_plugins_status(env: ProxyEn
     got = await raw_call(via_proxy, "Allocate", requests[1][1])
     assert want[0] != "OK" and got == want, (got, want)
 
-    # The plugin saw each forwarded request exactly as sent (recorded by the sim, in order).
+    # The plugin saw every forwarded request; the proxy counted each Allocate with the agent's result labels.
     calls = sim.control("GET", "/calls")
     assert calls["counts"]["Allocate"] >= 6
+    assert env.proxy is not None
+    assert env.proxy.metric("deviceplane_allocations_total", resource_name=SIM, result="success") == 2.0
+    assert env.proxy.metric("deviceplane_allocations_total", resource_name=SIM, result="rpc_error") == 2.0
 
 
 async def test_health_flip_reaches_kubelet_and_view_within_1s_and_owner_is_named(env: ProxyEnv) -> None:

@@ -34,6 +34,7 @@ class ForwardedCall:
     request: bytes
     seconds: float
     code: grpc.StatusCode
+    reached_plugin: bool = True  # False: no plugin was connected to forward to
 
 
 class ResourceForwarder:
@@ -74,7 +75,7 @@ class ResourceForwarder:
                 # Between a plugin's restart and its re-registration the kubelet may ask (it re-registers us): the
                 # options the plugin last gave are the answer it would give.
                 return self._last_options()
-            self._record(method, request, start, grpc.StatusCode.UNAVAILABLE)
+            self._record(method, request, start, grpc.StatusCode.UNAVAILABLE, reached_plugin=False)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"no device plugin connected for {self._resource}")
         assert client is not None
         try:
@@ -92,8 +93,11 @@ class ResourceForwarder:
             get_preferred_allocation_available=options.get_preferred_allocation_available,
         ).SerializeToString()
 
-    def _record(self, method: str, request: bytes, start: float, code: grpc.StatusCode) -> None:
-        self._on_call(ForwardedCall(self._resource, method, request, time.perf_counter() - start, code))
+    def _record(
+        self, method: str, request: bytes, start: float, code: grpc.StatusCode, reached_plugin: bool = True
+    ) -> None:
+        seconds = time.perf_counter() - start
+        self._on_call(ForwardedCall(self._resource, method, request, seconds, code, reached_plugin))
 
     async def _list_and_watch(self, _request: bytes, _context: Context) -> AsyncIterator[bytes]:
         log.info("kubelet follows ListAndWatch", extra={"resource": self._resource})

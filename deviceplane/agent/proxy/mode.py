@@ -17,9 +17,16 @@ from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_sta
 from deviceplane.agent.proxy.service import ProxyConnector, ProxyService
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.tasks import TaskFactory
+from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.registry import DeviceRegistry
 
 log = logging.getLogger("deviceplane.agent.proxy")
+
+# A forwarded Allocate's status as the agent's allocation result label (the same label set as in agent mode).
+_RESULTS = {
+    grpc.StatusCode.OK: AllocationResult.SUCCESS,
+    grpc.StatusCode.DEADLINE_EXCEEDED: AllocationResult.TIMEOUT,
+}
 
 
 class ProxyMode:
@@ -65,8 +72,11 @@ class ProxyMode:
     def _on_call(self, call: ForwardedCall) -> None:
         if call.method != "Allocate":
             return
-        ok = call.code == grpc.StatusCode.OK
-        if ok:
+        if not call.reached_plugin:
+            result = AllocationResult.NO_ENDPOINT
+        else:
+            result = _RESULTS.get(call.code, AllocationResult.RPC_ERROR)
+        if result is AllocationResult.SUCCESS:
             self._ownership.allocated(call.resource, call.request)
         self._metrics.alloc_duration.labels(call.resource).observe(call.seconds)
-        self._metrics.allocations_total.labels(call.resource, "success" if ok else call.code.name.lower()).inc()
+        self._metrics.allocations_total.labels(call.resource, result.value).inc()
