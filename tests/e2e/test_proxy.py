@@ -22,11 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 import yaml
 
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.cli import build_parser
+from tests.support.pods import PodResourcesClient, listed_devices
 from tests.support.procs import free_port
 
 from .cluster import REPO, http_json
@@ -55,11 +57,11 @@ def start_proxy(
     return deviceplane_agent(plugin_dir=plugin_dir, extra=extra)
 
 
-def start_sim(procs: Procs, plugin_dir: Path, count: int = 4) -> tuple[Proc, str]:
+def start_sim(procs: Procs, plugin_dir: Path, count: int = 4, numa: int = 0) -> tuple[Proc, str]:
     """Our sim plugin with its control endpoint; returns the process and the control URL."""
     argv = [
         sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", SIM, "--count", str(count),
-        "--numa", "0", "--plugin-dir", str(plugin_dir), "--control", f"127.0.0.1:{free_port()}",
+        "--numa", str(numa), "--plugin-dir", str(plugin_dir), "--control", f"127.0.0.1:{free_port()}",
     ]  # fmt: skip
     p = procs.start("deviceplane-plugin-sim", argv, cwd=REPO)
     url: list[str] = []
@@ -359,3 +361,32 @@ def test_plugin_restart_keeps_the_kubelets_endpoint(kubelet_harness, deviceplane
     assert admit_app(h, "after", SIM, 3)["containers"][0]["devices"][
         SIM
     ]  # the other three, allocated via the new plugin
+
+
+# ---- the harness's PodResources server (the kubelet's own) -------------------------------------------------------
+
+
+def test_harness_serves_the_kubelets_pod_resources(kubelet_harness, procs, short_tmp) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, numa_nodes=2, pod_resources_socket=pod_resources)
+    sim, control = start_sim(procs, kubelet_dir, numa=2)
+    wait_for("sim registered", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, sim])
+    held = admit_app(h, "holder", SIM, 2)["containers"][0]["devices"][SIM]
+    http_json(f"{control}/devices/sim-3/unhealthy", method="POST", body={})
+    wait_for("sim-3 unhealthy", lambda: counts(h, SIM) == (4, 3), procs=[h.proc, sim])
+
+    client = PodResourcesClient(pod_resources)
+    try:
+        assert listed_devices(client.list()) == {("default", "holder", "app"): {SIM: set(held)}}
+        # One entry per device per NUMA node, with the plugin's topology (sim: 2 devices on each of 2 nodes).
+        entries = [e for pod in client.list().pod_resources for c in pod.containers for e in c.devices]
+        assert all(len(e.device_ids) == 1 and len(e.topology.nodes) == 1 for e in entries), entries
+        # GetAllocatableResources: the healthy devices, allocated or not.
+        allocatable = {i for e in client.allocatable().devices if e.resource_name == SIM for i in e.device_ids}
+        assert allocatable == {"sim-0", "sim-1", "sim-2"}
+        got = client.get("default", "holder").pod_resources
+        assert got.name == "holder" and {i for e in got.containers[0].devices for i in e.device_ids} == set(held)
+        with pytest.raises(grpc.RpcError, match="pod nope in namespace default not found"):
+            client.get("default", "nope")
+    finally:
+        client.close()
