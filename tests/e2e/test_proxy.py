@@ -232,16 +232,42 @@ def test_unhealthy_device_reaches_kubelet_and_agent_within_1s_with_its_pod(
 # ---- restarts ----------------------------------------------------------------------------------------------------
 
 
-def test_agent_kill9_mid_traffic_then_restart(
-    kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
-) -> None:
+@dataclass
+class ProxiedNode:
+    """A harness, the agent in front of it, the sample plugin and the sim plugin behind the agent."""
+
+    harness: Harness
+    agent: Agent
+    sample: Proc
+    sim: Proc
+    kubelet_dir: Path
+    pod_resources: Path
+    sim_count: int
+
+    def both_shown(self, h: Harness | None = None) -> bool:
+        h = h or self.harness
+        return counts(h, SAMPLE) == (2, 2) and counts(h, SIM) == (self.sim_count, self.sim_count)
+
+
+def proxied_node(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs: Procs, short_tmp, sim_count: int
+) -> ProxiedNode:
     kubelet_dir, pod_resources = kubelet_side(short_tmp)
     h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
     agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
     sample = sample_device_plugin(agent.plugin_dir)
-    sim, _control = start_sim(procs, agent.plugin_dir, count=8)
-    both = lambda: counts(h, SAMPLE) == (2, 2) and counts(h, SIM) == (8, 8)  # noqa: E731
-    wait_for("both proxied", both, procs=[h.proc, agent.proc, sample, sim])
+    sim, _control = start_sim(procs, agent.plugin_dir, count=sim_count)
+    node = ProxiedNode(h, agent, sample, sim, kubelet_dir, pod_resources, sim_count)
+    wait_for("both proxied", node.both_shown, procs=[h.proc, agent.proc, sample, sim])
+    return node
+
+
+def test_agent_kill9_mid_traffic_then_restart(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
+) -> None:
+    node = proxied_node(kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp, 8)
+    h, agent, sample, sim = node.harness, node.agent, node.sample, node.sim
+    kubelet_dir, pod_resources, both = node.kubelet_dir, node.pod_resources, node.both_shown
 
     held = {name: admit_app(h, name, SIM, 2)["containers"][0]["devices"][SIM] for name in ("keep-a", "keep-b")}
 
@@ -298,19 +324,13 @@ def test_agent_kill9_mid_traffic_then_restart(
 def test_harness_restart_reregisters_every_resource_within_1s(
     kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
 ) -> None:
-    kubelet_dir, pod_resources = kubelet_side(short_tmp)
-    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
-    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
-    sample = sample_device_plugin(agent.plugin_dir)
-    sim, _control = start_sim(procs, agent.plugin_dir)
-    both = lambda: counts(h, SAMPLE) == (2, 2) and counts(h, SIM) == (4, 4)  # noqa: E731
-    wait_for("both proxied", both, procs=[h.proc, agent.proc, sample, sim])
+    node = proxied_node(kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp, 4)
+    h, agent, kubelet_dir, pod_resources = node.harness, node.agent, node.kubelet_dir, node.pod_resources
     procs.stop(h.proc)
     h2 = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)  # returns once it serves
     # Measured from the new kubelet.sock's creation (the harness answers /healthz a little later).
     created = os.stat(kubelet_dir / "kubelet.sock").st_ctime
-    both2 = lambda: counts(h2, SAMPLE) == (2, 2) and counts(h2, SIM) == (4, 4)  # noqa: E731
-    wait_for("re-registered", both2, procs=[h2.proc, agent.proc], interval=0.02, timeout=1)
+    wait_for("re-registered", lambda: node.both_shown(h2), procs=[h2.proc, agent.proc], interval=0.02, timeout=1)
     assert time.time() - created < 1.0
     # The re-registered endpoints allocate: through the proxy, for the restarted kubelet.
     assert admit_app(h2, "after", SAMPLE, 2)["containers"][0]["runOptions"]["mounts"]
