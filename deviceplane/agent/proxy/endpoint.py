@@ -61,11 +61,14 @@ class ProxyEndpoint:
         self._server: grpc.aio.Server | None = None
         self._identity: SocketIdentity | None = None
         # The kubelet.sock (identity) this endpoint is registered with; None until registered, and after re-serving.
-        self.registered: SocketIdentity | None = None
+        self._registered_with: SocketIdentity | None = None
 
     @property
     def serving(self) -> bool:
         return self._server is not None
+
+    def registered_with(self, kubelet: SocketIdentity) -> bool:
+        return self._registered_with == kubelet
 
     async def ensure_serving(self) -> bool:
         """Serve on the socket; when the socket is gone or replaced (the kubelet deletes every socket in its
@@ -81,11 +84,14 @@ class ProxyEndpoint:
         await server.start()
         self._server = server
         self._identity = socket_identity(self.socket_path)
-        self.registered = None
+        self._registered_with = None
         return True
 
-    async def register(self, kubelet_socket: Path, options: PluginOptions, timeout: float) -> None:
-        """RegisterRequest to the kubelet with the plugin's own options; the kubelet dials back within the call."""
+    async def register(
+        self, kubelet_socket: Path, kubelet: SocketIdentity, options: PluginOptions, timeout: float
+    ) -> None:
+        """RegisterRequest to the kubelet (whose socket has identity `kubelet`) with the plugin's own options; the
+        kubelet dials back within the call."""
         request = pb.RegisterRequest(
             version=VERSION,
             endpoint=self.name,
@@ -99,6 +105,7 @@ class ProxyEndpoint:
             f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]
         ) as channel:
             await registration_stub(channel).Register(request, timeout=timeout)
+        self._registered_with = kubelet
 
     async def _stop_server(self) -> None:
         if self._server is not None:

@@ -16,11 +16,13 @@ from deviceplane.core.constants import UNHEALTHY
 
 
 def all_unhealthy(message: pb.ListAndWatchResponse) -> pb.ListAndWatchResponse:
-    out = pb.ListAndWatchResponse()
-    out.CopyFrom(message)
-    for device in out.devices:
-        device.health = UNHEALTHY
-    return out
+    """The same devices (and topology, absent where it was absent), every one Unhealthy."""
+    return pb.ListAndWatchResponse(
+        devices=[
+            pb.Device(ID=d.ID, health=UNHEALTHY, topology=d.topology if d.HasField("topology") else None)
+            for d in message.devices
+        ]
+    )
 
 
 class SnapshotFeed:

@@ -175,7 +175,9 @@ class ProxyService:
         due = [
             (name, endpoint)
             for name, endpoint in self._endpoints.items()
-            if endpoint.serving and endpoint.registered != kubelet and self._clock() >= self._retry_at.get(name, 0.0)
+            if endpoint.serving
+            and not endpoint.registered_with(kubelet)
+            and self._clock() >= self._retry_at.get(name, 0.0)
         ]
         # Concurrently: one resource the kubelet is slow to accept does not hold up the others.
         await asyncio.gather(*(self._register(name, endpoint, kubelet) for name, endpoint in due))
@@ -183,12 +185,11 @@ class ProxyService:
     async def _register(self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity) -> None:
         try:
             options = self.options(name) or PluginOptions()
-            await endpoint.register(self._kubelet_socket, options, self._register_timeout)
+            await endpoint.register(self._kubelet_socket, kubelet, options, self._register_timeout)
         except grpc.aio.AioRpcError as err:
             self._failed(name, "registration with the kubelet failed", f"{err.code().name}: {err.details()}")
             return
         self._errors.pop(name, None)
-        endpoint.registered = kubelet
         log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name})
 
     def _failed(self, name: str, what: str, error: str) -> None:
