@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceplane.agent.proxy.endpoint import MAX_SOCKET_PATH, endpoint_name
-from deviceplane.agent.proxy.feed import SnapshotFeed
+from deviceplane.agent.proxy.feed import SnapshotFeed, all_unhealthy
 from deviceplane.agent.proxy.ownership import Ownership, kubelet_view
 from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
@@ -179,3 +179,17 @@ def test_endpoint_names_fit_a_socket_address_and_stay_in_the_directory(resource:
     assert "/" not in name and name.startswith("deviceplane-proxy-") and name.endswith(".sock")
     assert len(str(directory / name).encode()) <= MAX_SOCKET_PATH
     assert endpoint_name(resource, directory) == name  # stable across restarts
+
+
+def test_all_unhealthy_keeps_ids_and_topology_as_they_were() -> None:
+    original = pb.ListAndWatchResponse(
+        devices=[
+            pb.Device(ID="n", health="Healthy", topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)])),
+            pb.Device(ID="t", health="Healthy"),  # no topology: the kubelet books it under no NUMA node
+        ]
+    )
+    dimmed = all_unhealthy(original)
+    assert [(d.ID, d.health) for d in dimmed.devices] == [("n", "Unhealthy"), ("t", "Unhealthy")]
+    assert dimmed.devices[0].topology == original.devices[0].topology
+    assert not dimmed.devices[1].HasField("topology")
+    assert original.devices[0].health == "Healthy"  # the plugin's message is not touched
