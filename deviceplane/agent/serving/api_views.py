@@ -29,7 +29,7 @@ class ApiViews:
         wall_clock: Callable[[], float] = time.time,
         *,
         owners: Callable[[], Holders] | None = None,
-        pod_list: Callable[[], Any] | None = None,
+        pod_list: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         # owners / pod_list: where they come from when the agent does not allocate (proxy mode: the kubelet's
         # PodResources); by default the agent's own allocations and pod table.
@@ -41,7 +41,7 @@ class ApiViews:
         self._node_name = node_name
         self._wall_clock = wall_clock
 
-    def devices(self, request: web.Request | None = None) -> Any:
+    def devices(self, request: web.Request | None = None) -> dict[str, Any]:
         query = request.query if request is not None else {}
         limit = None
         if "limit" in query:
@@ -60,7 +60,7 @@ class ApiViews:
         )
         return status.model_dump(mode="json")
 
-    def pods(self, _request: web.Request | None = None) -> Any:
+    def pods(self, _request: web.Request | None = None) -> list[dict[str, Any]]:
         if self._pod_list is not None:
             return self._pod_list()
         return pods_view(self._table, self._pod_devices, self._registry)
