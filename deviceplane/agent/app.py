@@ -19,6 +19,11 @@ from aiohttp import web
 from deviceplane import __version__
 from deviceplane.agent.admission.admission import ALLOCATE_TIMEOUT_SECONDS, STARTUP_PLUGIN_WAIT_SECONDS
 from deviceplane.agent.admission.allocation_service import AllocationService
+from deviceplane.agent.kube.client import KubeApi, KubeError, api_client, off_loop
+from deviceplane.agent.kube.events import AdmissionEvents
+from deviceplane.agent.kube.node_devices import DEBOUNCE_SECONDS, MAX_DEVICES_PER_RESOURCE, NodeDevicesPublisher
+from deviceplane.agent.kube.node_status import NodeStatusPublisher
+from deviceplane.agent.kube.pod_watch import ApiPodSource
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_watcher import PluginWatcher
 from deviceplane.agent.plugins.registration import RegistrationServicer, cleanup_plugin_dir
@@ -26,7 +31,7 @@ from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplane.api.models import AgentView
+from deviceplane.api.models import AgentView, DevicesStatus
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_SOCKET_NAME
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.view import devices_status, rfc3339
@@ -34,6 +39,7 @@ from deviceplane.core.view import devices_status, rfc3339
 log = logging.getLogger("deviceplane.agent")
 
 SWEEP_INTERVAL_SECONDS = 1.0
+REQUIRE_APISERVER_TIMEOUT_SECONDS = 15.0
 # Bound for hostile registrations: the counter keeps one series for all invalid names.
 INVALID_RESOURCE_LABEL = "<invalid>"
 
@@ -54,6 +60,45 @@ class AgentConfig:
     dial_timeout: float = DIAL_TIMEOUT_SECONDS
     allocate_timeout: float = ALLOCATE_TIMEOUT_SECONDS
     startup_plugin_wait: float = STARTUP_PLUGIN_WAIT_SECONDS
+    require_apiserver: bool = False
+    nodedevices_debounce: float = DEBOUNCE_SECONDS
+    nodedevices_max_devices: int = MAX_DEVICES_PER_RESOURCE
+
+
+class ClusterPublishing:
+    """What the agent does with an API server: pods from a watch, Warning Events, Node status, NodeDevices."""
+
+    def __init__(self, agent: Agent, api: KubeApi) -> None:
+        config = agent.config
+        self.api = api
+        self.pods = ApiPodSource(api, config.node_name)
+        self.events = AdmissionEvents(api, config.node_name, self.pods.name)
+        self.node_status = NodeStatusPublisher(api, config.node_name, agent.manager.sweep)
+        self.node_devices = NodeDevicesPublisher(
+            api,
+            config.node_name,
+            agent.devices_status,
+            debounce=config.nodedevices_debounce,
+            max_devices=config.nodedevices_max_devices,
+        )
+        agent.manager.observers += [self.node_status.changed, self.node_devices.changed]
+        agent.allocation.add_source(self.pods)
+        agent.allocation.admission.failure_observers.append(self.events.failed)
+
+    def loops(self) -> dict[str, Any]:
+        """The long-lived coroutines, by task name."""
+        return {
+            "node-status": self.node_status.run(),
+            "node-devices": self.node_devices.run(),
+            "pod-events": self.events.run(),
+        }
+
+    def readiness(self) -> str | None:
+        for part in (self.pods, self.node_status, self.node_devices):
+            problem = part.ready()
+            if problem is not None:
+                return problem
+        return None
 
 
 class Agent:
@@ -79,8 +124,19 @@ class Agent:
         self._tasks: list[asyncio.Task[None]] = []
         self._ready = False
         self.registration_socket = config.plugin_dir / KUBELET_SOCKET_NAME
+        self.cluster = None if config.standalone else ClusterPublishing(self, KubeApi(api_client(config.kubeconfig)))
 
     # -- views ------------------------------------------------------------------------------------------------------
+
+    def devices_status(self, device_limit: int | None = None, resource: str | None = None) -> DevicesStatus:
+        return devices_status(
+            self.manager.registry,
+            self.manager.sweep(),
+            AgentView(version=__version__, node=self.config.node_name, lastHeartbeatTime=rfc3339(time.time())),
+            holders=self.allocation.holders(),
+            device_limit=device_limit,
+            resource_filter=(lambda name: name == resource) if resource else None,
+        )
 
     def devices_json(self, request: web.Request | None = None) -> Any:
         query = request.query if request is not None else {}
@@ -89,16 +145,7 @@ class Agent:
             if not query["limit"].isdigit():
                 raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
             limit = int(query["limit"])
-        wanted = query.get("resource")
-        status = devices_status(
-            self.manager.registry,
-            self.manager.sweep(),
-            AgentView(version=__version__, node=self.config.node_name, lastHeartbeatTime=rfc3339(time.time())),
-            holders=self.allocation.holders(),
-            device_limit=limit,
-            resource_filter=(lambda name: name == wanted) if wanted else None,
-        )
-        return status.model_dump(mode="json")
+        return self.devices_status(limit, query.get("resource")).model_dump(mode="json")
 
     def pods_json(self, _request: web.Request | None = None) -> Any:
         return self.allocation.pods_json()
@@ -109,7 +156,12 @@ class Agent:
         return None
 
     def _readiness(self) -> str | None:
-        return self._health() if self._ready else "starting"
+        if not self._ready:
+            return "starting"
+        problem = self._health()
+        if problem is None and self.cluster is not None:
+            problem = self.cluster.readiness()
+        return problem
 
     def _count_attempt(self, resource: str) -> None:
         label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
@@ -118,6 +170,8 @@ class Agent:
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.cluster is not None and self.config.require_apiserver:
+            await self._check_apiserver(self.cluster.api)
         plugin_dir = self.config.plugin_dir
         plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         restored = self.manager.restore()
@@ -139,11 +193,21 @@ class Agent:
             self._tasks.append(asyncio.create_task(watcher.run(watching), name="plugin-watcher"))
             await watching.wait()
         await self.allocation.start()
+        if self.cluster is not None:
+            for name, loop in self.cluster.loops().items():
+                self._tasks.append(asyncio.create_task(loop, name=name))
         self._ready = True
         log.info(
             "agent started",
             extra={"socket": str(self.registration_socket), "http": self.config.http_addr, "pid": os.getpid()},
         )
+
+    async def _check_apiserver(self, api: KubeApi) -> None:
+        try:
+            version = await asyncio.wait_for(off_loop(api.version), REQUIRE_APISERVER_TIMEOUT_SECONDS)
+        except (KubeError, TimeoutError) as err:
+            raise KubeError(f"cannot reach the API server at {api.host} (--require-apiserver): {err}") from err
+        log.info("API server reachable", extra={"server": api.host, "version": version})
 
     async def _serve_registration(self) -> None:
         if self._grpc is not None:
@@ -192,14 +256,18 @@ class Agent:
 
 
 async def run_agent(config: AgentConfig) -> int:
-    agent = Agent(config)
+    try:
+        agent = Agent(config)
+    except KubeError as err:
+        log.error("agent failed to start: %s", err)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await agent.start()
-    except OSError as err:
+    except (OSError, KubeError) as err:
         log.error("agent failed to start: %s", err)
         await agent.stop()
         return 1

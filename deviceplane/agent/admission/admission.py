@@ -113,6 +113,8 @@ class AdmissionController:
         self.sources: set[str] = set()
         self.synced_sources: set[str] = set()
         self._device_change = asyncio.Event()
+        # Told (source, pod, reason) when an admission fails: the API source's Warning Events.
+        self.failure_observers: list[Callable[[str, Pod, str], None]] = []
         manager.observers.append(self._on_device_event)
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
@@ -259,6 +261,8 @@ class AdmissionController:
         record.state = FAILED
         record.reason = reason
         log.warning("pod admission failed", extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason})
+        for observer in self.failure_observers:
+            observer(record.source, record.pod, reason)
 
     async def _wait_for_plugins(self, pod: Pod) -> None:
         """Right after start, give plugins a moment to come back before deciding their resources are missing."""

@@ -66,6 +66,11 @@ class AllocationService:
         self._sources_task: asyncio.Task[None] | None = None
         self._started = False
 
+    def add_source(self, source: PodSource) -> None:
+        """Another pod source (the API server's); call before start."""
+        self.sources.append(source)
+        self.admission.register_source(source.name)
+
     def attach_metrics(self, metrics: AgentMetrics) -> None:
         self.admission.metrics = metrics
 
