@@ -147,7 +147,7 @@ def short_tmp() -> Iterator[Callable[[str], Path]]:
 @pytest.fixture
 def generic_device_plugin(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Proc]]:
     """Factory: start squat/generic-device-plugin (squat.ai/null: 4 x /dev/null) registering at
-    <plugin_dir>/kubelet.sock. Tests using it carry the GDP_PINNED skipif (see cluster.py)."""
+    <plugin_dir>/kubelet.sock. Built by `make k8s-bins` from its vendored source (tests/k8s/README.md)."""
     started: list[Proc] = []
 
     def start(plugin_dir: Path) -> Proc:
