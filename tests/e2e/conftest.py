@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,7 @@ class Agent:
     proc: Proc
     url: str
     plugin_dir: Path
+    pod_resources_socket: Path | None = None
 
     def devices(self) -> dict[str, Any]:
         return dict(http_json(self.url + "/api/v1/devices"))
@@ -279,10 +280,17 @@ class Agent:
 
 @pytest.fixture
 def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterator[Callable[..., Agent]]:
-    """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent."""
+    """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent.
+    With `kubeconfig`, the agent publishes to that cluster as `node_name` instead of running standalone."""
     started: list[Proc] = []
 
-    def start(*, pod_manifest_dir: Path | None = None) -> Agent:
+    def start(
+        *,
+        pod_manifest_dir: Path | None = None,
+        kubeconfig: Path | None = None,
+        node_name: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> Agent:
         plugin_dir = short_tmp("dp-plugins")
         pr_dir = short_tmp("dp-podres")
         port = free_port()
@@ -291,7 +299,9 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
             "-m",
             "deviceplane",
             "agent",
-            "--standalone",
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--standalone"]),
+            *(["--node-name", node_name] if node_name is not None else []),
+            *extra,
             "--plugin-dir",
             str(plugin_dir),
             "--pod-resources-socket",
@@ -303,7 +313,7 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
             argv += ["--pod-manifest-dir", str(pod_manifest_dir)]
         p = procs.start("deviceplane-agent", argv, cwd=REPO)
         started.append(p)
-        agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir)
+        agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir, pr_dir / "kubelet.sock")
         # Ready means serving: the HTTP API and the registration socket <plugin_dir>/kubelet.sock.
         wait_for("deviceplane agent /readyz", lambda: http_ok(agent.url + "/readyz"), procs=[p], timeout=60)
         return agent
