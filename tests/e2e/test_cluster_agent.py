@@ -200,8 +200,10 @@ def test_api_pods_generic_device_plugin_events_and_release(
             "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1", "resources": limits}], **spec},
         }
 
-    # Scheduled by the real scheduler, from the allocatable the agent published.
-    cluster.apply(pod("user", 2, nodeSelector={"kubernetes.io/hostname": node}))
+    # Scheduled by the real scheduler, from the allocatable the agent published. (The API server taints new nodes
+    # not-ready and only the node-lifecycle controller, not run here, would lift it.)
+    tolerate = [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoSchedule"}]
+    cluster.apply(pod("user", 2, nodeSelector={"kubernetes.io/hostname": node}, tolerations=tolerate))
 
     def admitted() -> dict[str, Any] | None:
         found = [p for p in agent.pods() if p["name"] == "user" and p["namespace"] == namespace]
