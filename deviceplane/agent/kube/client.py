@@ -226,8 +226,8 @@ class KubeApi:
         )
         try:
             for line in _call(f"watch pods on {node}", lambda: list_lines(response)):
-                event = json.loads(line)
-                kind, obj = event.get("type"), event.get("object") or {}
+                event = decode_event(line, f"watch pods on {node}")
+                kind, obj = event["type"], event["object"]
                 if kind == "ERROR":
                     code = int(obj.get("code") or 0)
                     message = f"watch pods on {node}: {code} {obj.get('reason')}: {obj.get('message')}"
@@ -244,6 +244,17 @@ class KubeApi:
             ),
         )
         response.release_conn()
+
+
+def decode_event(line: str, what: str) -> dict[str, Any]:
+    """One watch event line: {"type": str, "object": dict}; anything else is a KubeError (the watch restarts)."""
+    try:
+        event = json.loads(line)
+    except ValueError as err:
+        raise KubeError(f"{what}: undecodable event: {err}") from None
+    if not (isinstance(event, dict) and isinstance(event.get("type"), str) and isinstance(event.get("object"), dict)):
+        raise KubeError(f"{what}: malformed event: {line[:200]}")
+    return event
 
 
 def list_lines(response: Any) -> Iterator[str]:

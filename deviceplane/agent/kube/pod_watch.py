@@ -28,7 +28,9 @@ WATCH_TIMEOUT_SECONDS = 300
 
 
 def pod_key(obj: dict[str, Any]) -> str:
-    metadata = obj.get("metadata") or {}
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        return "/"
     return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
 
 
@@ -65,6 +67,11 @@ class ApiPodSource:
                 delay = self.backoff.delay()
                 log.warning("pod watch failed; retrying", extra={"error": str(err), "retry_in": delay})
                 await asyncio.sleep(delay)
+            except Exception:  # a bug must not end the source for good: list again after a pause
+                delay = self.backoff.delay()
+                log.exception("pod source failed unexpectedly; listing again", extra={"retry_in": delay})
+                self._version = None
+                await asyncio.sleep(delay)
 
     async def _list(self, sink: PodSink) -> None:
         items, version = await off_loop(self.api.list_pods, self.node)
@@ -93,7 +100,8 @@ class ApiPodSource:
         def apply(event: WatchEvent) -> None:
             if not active.is_set():
                 return
-            version = (event.object.get("metadata") or {}).get("resourceVersion")
+            metadata = event.object.get("metadata")
+            version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
             if version:
                 self._version = str(version)
             if event.type != "BOOKMARK":
