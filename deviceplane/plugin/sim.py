@@ -2,8 +2,8 @@
 
 Devices `sim-0 .. sim-N-1` sit on K NUMA nodes in contiguous blocks (like GPUs behind two sockets: with 8 devices and
 2 nodes, sim-0..3 on node 0 and sim-4..7 on node 1). Health is steered at run time through the control endpoint
-(`sim_control`) or flipped at random with `--flap-rate`. Every hook call is recorded, and faults (fail / hang) can be
-injected per RPC, so tests can see exactly what the kubelet or agent asked.
+(`sim_control`, which `sim_app` starts beside it) or flipped at random with `--flap-rate`. Every hook call is
+recorded, and faults (fail / hang) can be injected per RPC, so tests can see exactly what the kubelet or agent asked.
 """
 
 from __future__ import annotations
@@ -205,10 +205,8 @@ class SimPlugin:
             self.set_health({device_id: not self.health[device_id]})
             self.flips += 1
 
-    async def serve(self, control: tuple[str, int] | None = None) -> None:
-        from deviceplane.plugin.sim_control import start_control  # aiohttp only when asked for
-
-        runner = await start_control(self, *control) if control else None
+    async def serve(self) -> None:
+        """Serve the plugin (and flap health, if asked) until cancelled."""
         flapper = asyncio.create_task(self._flap())
         try:
             await self.plugin.serve()
@@ -216,21 +214,3 @@ class SimPlugin:
             flapper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await flapper
-            if runner is not None:
-                await runner.cleanup()
-
-
-async def main(args: argparse.Namespace) -> int:
-    sim = SimPlugin(
-        args.resource,
-        args.count,
-        args.numa,
-        preferred=not args.no_preferred_allocation,
-        pre_start=not args.no_pre_start,
-        flap_rate=args.flap_rate,
-        seed=args.seed,
-        plugin_dir=args.plugin_dir,
-        registry_dir=args.registry_dir,
-    )
-    await sim.serve(args.control)
-    return 0

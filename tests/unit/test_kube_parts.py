@@ -112,13 +112,13 @@ def test_any_watched_object_is_reported_or_refused(events: list[tuple[str, dict[
 
 
 def test_node_status_keeps_gone_resources_at_zero() -> None:
-    current = Capacity({"a.com/x": 2, "b.com/y": 1}, {"a.com/x": 1, "b.com/y": 1}, ())
+    current = Capacity({"a.com/x": 2, "b.com/y": 1}, {"a.com/x": 1, "b.com/y": 1})
     publisher = NodeStatusPublisher(None, "n", lambda: current)  # type: ignore[arg-type]
     assert publisher.wanted() == {
         "capacity": {"a.com/x": "2", "b.com/y": "1"},
         "allocatable": {"a.com/x": "1", "b.com/y": "1"},
     }
-    current = Capacity({"b.com/y": 1}, {"b.com/y": 0}, ("a.com/x",))
+    current = Capacity({"b.com/y": 1}, {"b.com/y": 0})  # a.com/x deleted after its grace period
     assert publisher.wanted() == {
         "capacity": {"a.com/x": "0", "b.com/y": "1"},
         "allocatable": {"a.com/x": "0", "b.com/y": "0"},
