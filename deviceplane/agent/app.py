@@ -131,6 +131,7 @@ class Agent:
             store=self.allocation_store,
             plugins=PluginCalls(self.manager, self.metrics, config.allocate_timeout),
             device_changes=device_changes,
+            metrics=self.metrics,
             failure_listeners=(self.cluster.events.failed,) if self.cluster is not None else (),
         )
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 from deviceplane.agent.admission.plugin_calls import PluginCalls
 from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, admit_pod, pre_start_calls
-from deviceplane.core.allocator import AllocationError, Allocator
+from deviceplane.core.allocator import AllocationError, AllocationResult, Allocator
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodRecord, PodState, PodTable
 from deviceplane.core.pods import Pod
@@ -70,6 +71,7 @@ class AdmissionParts:
     store: AllocationStore
     plugins: PluginCalls
     device_changes: DeviceChanges
+    metrics: AgentMetrics
     # Told (source, pod, reason) when an admission fails: the API pod source's Warning Events.
     failure_listeners: Sequence[Callable[[str, Pod, str], None]] = ()
 
@@ -85,6 +87,7 @@ class Admitter:
         self._store = parts.store
         self._plugins = parts.plugins
         self._device_changes = parts.device_changes
+        self._metrics = parts.metrics
         self._failure_listeners = tuple(parts.failure_listeners)
         self._settings = settings
         self._clock = clock
@@ -113,10 +116,10 @@ class Admitter:
             self.release(pod.uid, "admission cancelled")
             raise
         except AllocationError as err:
-            self._fail(record, str(err), err.kind)
+            self._fail(record, str(err), err.kind, err.resource)
         except Exception as err:  # a bug must fail this pod, not the agent
             log.exception("admission failed unexpectedly", extra={"pod": pod.key})
-            self._fail(record, f"internal error: {err}", "internal")
+            self._fail(record, f"internal error: {err}", AllocationResult.INTERNAL, "")
         else:
             if self._table.get(pod.uid) is record:
                 record.state = PodState.ADMITTED
@@ -135,11 +138,15 @@ class Admitter:
             self._store.released(uid)
             log.info("devices released", extra={"uid": uid, "reason": why, "entries": len(released)})
 
-    def _fail(self, record: PodRecord, reason: str, kind: str) -> None:
+    def _fail(self, record: PodRecord, reason: str, kind: AllocationResult, resource: str) -> None:
+        self._metrics.count_allocation(resource, kind)
         self.release(record.pod.uid, "admission failed")
         record.state = PodState.FAILED
         record.reason = reason
-        log.warning("pod admission failed", extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason})
+        log.warning(
+            "pod admission failed",
+            extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason, "result": str(kind)},
+        )
         for listener in self._failure_listeners:
             listener(record.source, record.pod, reason)
 

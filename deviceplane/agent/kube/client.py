@@ -35,6 +35,11 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 T = TypeVar("T")
 
+# The client's config loaders and line iterator carry no annotations: typed here once.
+_new_client_from_config: Callable[..., k8s.ApiClient] = k8s_config.new_client_from_config
+_load_incluster_config: Callable[..., None] = k8s_config.load_incluster_config
+_iter_resp_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
+
 
 class KubeError(Exception):
     """A failed API request: `status` is the HTTP status (0 when the server could not be reached)."""
@@ -56,9 +61,9 @@ def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
     """A client from `kubeconfig`, or the in-cluster ServiceAccount (token re-read as the kubelet rotates it)."""
     try:
         if kubeconfig is not None:
-            return k8s_config.new_client_from_config(config_file=str(kubeconfig), persist_config=False)
+            return _new_client_from_config(config_file=str(kubeconfig), persist_config=False)
         configuration = k8s.Configuration()
-        k8s_config.load_incluster_config(client_configuration=configuration)
+        _load_incluster_config(client_configuration=configuration)
         return k8s.ApiClient(configuration)
     except (k8s_config.ConfigException, OSError, ValueError) as err:
         where = str(kubeconfig) if kubeconfig is not None else "in-cluster config"
@@ -259,7 +264,7 @@ def decode_event(line: str, what: str) -> dict[str, Any]:
 
 def list_lines(response: Any) -> Iterator[str]:
     """The non-empty lines of a streamed response; read errors surface from the iteration (wrapped by `_call`)."""
-    return (line for line in iter_resp_lines(response) if line)
+    return (line for line in _iter_resp_lines(response) if line)
 
 
 async def off_loop(fn: Callable[..., T], *args: Any) -> T:

@@ -10,7 +10,7 @@ import grpc
 
 from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import device_plugin_stub
 from deviceplane.core.registry import Device, PluginOptions
 
 log = logging.getLogger("deviceplane.agent.plugin")
@@ -31,7 +31,7 @@ class PluginClient:
         self._channel = grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]
         )
-        self._stub = pb_grpc.DevicePluginStub(self._channel)
+        self._stub = device_plugin_stub(self._channel)
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
 

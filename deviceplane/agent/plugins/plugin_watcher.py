@@ -15,7 +15,7 @@ import watchfiles
 
 from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
-from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from deviceplane.api.typed_grpc import plugin_watcher_stub
 from deviceplane.core.constants import (
     DIAL_TIMEOUT_SECONDS,
     GET_INFO_TIMEOUT_SECONDS,
@@ -114,7 +114,7 @@ class PluginWatcher:
         async with grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost")]
         ) as channel:
-            stub = reg_grpc.RegistrationStub(channel)
+            stub = plugin_watcher_stub(channel)
             try:
                 await asyncio.wait_for(channel.channel_ready(), self._dial_timeout)
                 info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)

@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.registry import DeviceRegistry
 
@@ -74,7 +75,8 @@ class AgentMetrics:
         )
         self.allocations_total = Counter(
             "deviceplane_allocations",
-            "Container allocations by resource and result (success, or the failure kind).",
+            "Container allocations by resource and result: success per allocated container resource, or the failure "
+            "kind once per failed admission.",
             ["resource_name", "result"],
             registry=self.registry,
         )
@@ -90,6 +92,9 @@ class AgentMetrics:
         """Counted before validation, as upstream: rejected attempts show up too."""
         label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
         self.registration_total.labels(label).inc()
+
+    def count_allocation(self, resource: str, result: AllocationResult) -> None:
+        self.allocations_total.labels(resource, result.value).inc()
 
     def on_device_event(self, event: DeviceEvent) -> None:
         for device_id in event.transitions:
