@@ -31,6 +31,11 @@ FIELD_MANAGER = "deviceplane-agent"
 # (connect, read) seconds: a hung API server costs a request at most this long, and the agent's shutdown too.
 REQUEST_TIMEOUT = (5.0, 15.0)
 MERGE_PATCH = "application/merge-patch+json"
+WRITE_OPTIONS: dict[str, Any] = {
+    "field_manager": FIELD_MANAGER,
+    "_request_timeout": REQUEST_TIMEOUT,
+    "_preload_content": False,
+}
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 T = TypeVar("T")
@@ -88,6 +93,21 @@ def _call(what: str, fn: Callable[[], T]) -> T:
         raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
 
 
+def _read(what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
+    """A GET: the object, or None when it does not exist."""
+    try:
+        response = _call(what, fn)
+    except KubeError as err:
+        if err.status == 404:
+            return None
+        raise
+    return dict(_json(response))
+
+
+def _write(what: str, fn: Callable[[], Any]) -> None:
+    _call(what, fn).release_conn()
+
+
 def _json(response: Any) -> Any:
     try:
         return json.loads(response.data)
@@ -122,80 +142,44 @@ class KubeApi:
     # -- nodes ------------------------------------------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict[str, Any] | None:
-        try:
-            response = _call(
-                f"get node {name}",
-                lambda: self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False),
-            )
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
-        return dict(_json(response))
+        return _read(
+            f"get node {name}",
+            lambda: self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False),
+        )
 
     def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:
         """A strategic merge patch of the Node's status: map keys not in `patch` are left alone."""
-        response = _call(
+        _write(
             f"patch node {name} status",
-            lambda: self.core.patch_node_status(
-                name,
-                patch,
-                field_manager=FIELD_MANAGER,
-                _content_type=STRATEGIC_MERGE_PATCH,
-                _request_timeout=REQUEST_TIMEOUT,
-                _preload_content=False,
-            ),
+            lambda: self.core.patch_node_status(name, patch, _content_type=STRATEGIC_MERGE_PATCH, **WRITE_OPTIONS),
         )
-        response.release_conn()
 
     # -- NodeDevices ------------------------------------------------------------------------------------------------
 
     def get_node_devices(self, name: str) -> dict[str, Any] | None:
-        try:
-            response = _call(
-                f"get nodedevices {name}",
-                lambda: self.custom.get_cluster_custom_object(
-                    GROUP, VERSION, NODE_DEVICES_PLURAL, name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
-                ),
-            )
-        except KubeError as err:
-            if err.status == 404:
-                return None
-            raise
-        return dict(_json(response))
+        return _read(
+            f"get nodedevices {name}",
+            lambda: self.custom.get_cluster_custom_object(
+                GROUP, VERSION, NODE_DEVICES_PLURAL, name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+            ),
+        )
 
     def create_node_devices(self, body: dict[str, Any]) -> None:
-        name = body["metadata"]["name"]
-        response = _call(
-            f"create nodedevices {name}",
+        _write(
+            f"create nodedevices {body['metadata']['name']}",
             lambda: self.custom.create_cluster_custom_object(
-                GROUP,
-                VERSION,
-                NODE_DEVICES_PLURAL,
-                body,
-                field_manager=FIELD_MANAGER,
-                _request_timeout=REQUEST_TIMEOUT,
-                _preload_content=False,
+                GROUP, VERSION, NODE_DEVICES_PLURAL, body, **WRITE_OPTIONS
             ),
         )
-        response.release_conn()
 
     def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> None:
-        response = _call(
+        _write(
             f"patch nodedevices {name} status",
             lambda: self.custom.patch_cluster_custom_object_status(
-                GROUP,
-                VERSION,
-                NODE_DEVICES_PLURAL,
-                name,
-                {"status": status},
-                field_manager=FIELD_MANAGER,
-                _content_type=MERGE_PATCH,
-                _request_timeout=REQUEST_TIMEOUT,
-                _preload_content=False,
+                GROUP, VERSION, NODE_DEVICES_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
+                **WRITE_OPTIONS,
             ),
-        )
-        response.release_conn()
+        )  # fmt: skip
 
     # -- pods and events --------------------------------------------------------------------------------------------
 
@@ -242,13 +226,12 @@ class KubeApi:
             response.release_conn()
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
-        response = _call(
+        _write(
             f"create event in {namespace}",
             lambda: self.core.create_namespaced_event(
                 namespace, body, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
             ),
         )
-        response.release_conn()
 
 
 def decode_event(line: str, what: str) -> dict[str, Any]:
