@@ -174,6 +174,7 @@ class Agent:
                 api,
                 config.node_name,
                 self.views.status,
+                allocations=lambda: self.pod_devices.generation,
                 debounce=config.nodedevices_debounce,
                 max_devices=config.nodedevices_max_devices,
             ),
