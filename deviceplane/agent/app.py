@@ -210,7 +210,7 @@ class Agent:
             log.info("removed stale sockets", extra={"sockets": removed})
 
         await self.registration.start()
-        app = build_app(self.views.devices, self.views.pods, self.metrics.registry, self._health, self._readiness)
+        app = build_app(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
         self._http = await serve(app, self.config.http_addr)
         if self._watcher is not None:
             # Plugins already in the registry dir are found before admission starts.

@@ -165,7 +165,7 @@ async def test_internal_error_is_counted_without_resource(tmp_path: Path) -> Non
     record = table.add(Pod("u", "default", "p", "Pending", (), (Container("c", ((A, 1),)),)), "test", "p")
     await admitter.admit(record)
     assert record.state == PodState.FAILED and record.reason == "internal error: lookup bug"
-    sample = metrics.registry.get_sample_value(
+    sample = metrics.prometheus.get_sample_value(
         "deviceplane_allocations_total", {"resource_name": "", "result": AllocationResult.INTERNAL.value}
     )
     assert sample == 1

@@ -25,7 +25,7 @@ from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, admit_pod, pre_start_calls
 from deviceplane.core.allocator import AllocationError, AllocationResult, Allocator
 from deviceplane.core.pod_devices import PodDevices
-from deviceplane.core.pod_table import PodRecord, PodState, PodTable
+from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.pods import Pod
 from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import POLICY_NONE
@@ -122,8 +122,7 @@ class Admitter:
             self._fail(record, f"internal error: {err}", AllocationResult.INTERNAL, "")
         else:
             if self._table.get(pod.uid) is record:
-                record.state = PodState.ADMITTED
-                record.restored = outcome.restored
+                record.admitted(outcome.restored)
                 log.info(
                     "pod admitted",
                     extra={"pod": pod.key, "uid": pod.uid, "restored": outcome.restored,
@@ -141,8 +140,7 @@ class Admitter:
     def _fail(self, record: PodRecord, reason: str, kind: AllocationResult, resource: str) -> None:
         self._metrics.count_allocation(resource, kind)
         self.release(record.pod.uid, "admission failed")
-        record.state = PodState.FAILED
-        record.reason = reason
+        record.failed(reason)
         log.warning(
             "pod admission failed",
             extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason, "result": str(kind)},
