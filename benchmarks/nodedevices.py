@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from deviceplane.agent.kube.node_devices import MAX_DEVICES_PER_RESOURCE, without_heartbeat
+from deviceplane.agent.kube.mode import NODEDEVICES_MAX_DEVICES
+from deviceplane.agent.kube.node_devices import without_heartbeat
 from deviceplane.api.models import AgentView
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
 from deviceplane.core.view import devices_status
@@ -52,7 +53,7 @@ def main() -> None:
     print(f"{'devices/resource':>16} {'bound':>8} {'ms':>9} {'JSON bytes':>12}")
     for n in (100, 1_000, 10_000):
         reg = registry(n)
-        for limit in (MAX_DEVICES_PER_RESOURCE, None):
+        for limit in (NODEDEVICES_MAX_DEVICES, None):
             seconds, size = measure(reg, limit)
             print(f"{n:>16} {limit if limit is not None else 'none':>8} {seconds * 1000:>9.1f} {size:>12,}")
 

@@ -15,6 +15,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -30,12 +31,8 @@ from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, P
 from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory, run_sources
 from deviceplane.agent.admission.runner import AdmissionRunner
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
-from deviceplane.agent.kube.client import KubeApi, KubeError, api_client, off_loop
-from deviceplane.agent.kube.cluster_mode import ClusterMode
-from deviceplane.agent.kube.events import AdmissionEvents
-from deviceplane.agent.kube.node_devices import DEBOUNCE_SECONDS, MAX_DEVICES_PER_RESOURCE, NodeDevicesPublisher
-from deviceplane.agent.kube.node_status import NodeStatusPublisher
-from deviceplane.agent.kube.pod_watch import ApiPodSource
+from deviceplane.agent.kube.errors import KubeError
+from deviceplane.agent.kube.mode import CLUSTER_EXTRA_HINT, NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.agent.plugins.contracts import DeviceListener
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_client import PluginClient
@@ -56,6 +53,10 @@ from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry
+
+if TYPE_CHECKING:
+    from deviceplane.agent.kube.client import KubeApi
+    from deviceplane.agent.kube.cluster_mode import ClusterMode
 
 __all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 
@@ -81,8 +82,8 @@ class AgentConfig:
     allocate_timeout: float = ALLOCATE_TIMEOUT_SECONDS
     startup_plugin_wait: float = STARTUP_PLUGIN_WAIT_SECONDS
     require_apiserver: bool = False
-    nodedevices_debounce: float = DEBOUNCE_SECONDS
-    nodedevices_max_devices: int = MAX_DEVICES_PER_RESOURCE
+    nodedevices_debounce: float = NODEDEVICES_DEBOUNCE_SECONDS
+    nodedevices_max_devices: int = NODEDEVICES_MAX_DEVICES
 
 
 class Agent:
@@ -97,7 +98,7 @@ class Agent:
         self.views = ApiViews(self.registry, self.pods, self.pod_devices, config.node_name)
 
         # -- cluster mode: pods from the API server, Events, Node status, NodeDevices ------------------------------
-        self.cluster = None if config.standalone else self._cluster_mode(KubeApi(api_client(config.kubeconfig)))
+        self.cluster = None if config.standalone else self._cluster_mode()
 
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
@@ -163,8 +164,19 @@ class Agent:
         self._admitting = False
         self._ready = False
 
-    def _cluster_mode(self, api: KubeApi) -> ClusterMode:
+    def _cluster_mode(self) -> ClusterMode:
+        # Imported here: the Kubernetes client is an extra (`deviceplane[cluster]`), the standalone agent runs without.
+        try:
+            from deviceplane.agent.kube.client import KubeApi, api_client
+            from deviceplane.agent.kube.cluster_mode import ClusterMode
+            from deviceplane.agent.kube.events import AdmissionEvents
+            from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
+            from deviceplane.agent.kube.node_status import NodeStatusPublisher
+            from deviceplane.agent.kube.pod_watch import ApiPodSource
+        except ImportError as err:
+            raise KubeError(f"{CLUSTER_EXTRA_HINT} ({err})") from err
         config = self.config
+        api = KubeApi(api_client(config.kubeconfig))
         return ClusterMode(
             api=api,
             pods=ApiPodSource(api, config.node_name),
@@ -228,6 +240,8 @@ class Agent:
         )
 
     async def _check_apiserver(self, api: KubeApi) -> None:
+        from deviceplane.agent.kube.client import off_loop
+
         try:
             version = await asyncio.wait_for(off_loop(api.version), REQUIRE_APISERVER_TIMEOUT_SECONDS)
         except (KubeError, TimeoutError) as err:

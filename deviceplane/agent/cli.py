@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from deviceplane import logs
+from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
@@ -57,13 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nodedevices-debounce",
         type=duration,
-        default=1.0,
+        default=NODEDEVICES_DEBOUNCE_SECONDS,
         help="at most one NodeDevices write per this interval [1s]",
     )
     parser.add_argument(
         "--nodedevices-max-devices",
         type=int,
-        default=128,
+        default=NODEDEVICES_MAX_DEVICES,
         help="devices listed per resource in NodeDevices (counts stay exact) [128]",
     )
     parser.add_argument("--topology-policy", choices=TOPOLOGY_POLICIES, default="none")
@@ -105,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from deviceplane.agent.app import AgentConfig, default_node_name, run_agent
-    from deviceplane.agent.kube.client import in_cluster
+    from deviceplane.agent.kube.mode import in_cluster
 
     logs.setup(args.log_level, args.log_format == "json")
     if args.numa_nodes is not None and args.numa_nodes < 1:

@@ -10,11 +10,10 @@ import json
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
-from rich.console import Console
-from rich.table import Table
 
 DEFAULT_URL = "http://127.0.0.1:9450"
 TIMEOUT_SECONDS = 5.0
@@ -48,52 +47,51 @@ def owner(device: dict[str, Any]) -> str:
     return f"{held['namespace']}/{held['pod']}/{held['container']}"
 
 
-def devices_table(devices: dict[str, Any]) -> Table:
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Aligned columns, as kubectl prints them (no extra dependency: `status` works with the base install)."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+    lines = ["   ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in [headers, *rows]]  # fmt: skip
+    return "\n".join(lines)
+
+
+def devices_table(devices: dict[str, Any]) -> str:
     agent = devices.get("agent") or {}
-    table = Table(
-        title=f"node {agent.get('node', '?')} (agent {agent.get('version', '?')})", title_justify="left", box=None
-    )
-    for column in ("RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"):
-        table.add_column(column)
+    rows: list[list[str]] = []
     for resource in devices.get("resources") or []:
         plugin = resource.get("plugin") or {}
-        state = "connected" if plugin.get("connected") else "disconnected"
-        table.add_row(
-            f"[bold]{resource['name']}[/bold]",
-            f"{resource['allocatable']}/{resource['capacity']} allocatable, {resource['allocated']} allocated",
-            f"{resource['healthy']} healthy, {resource['unhealthy']} unhealthy",
-            "",
-            f"plugin {state}",
+        rows.append(
+            [
+                resource["name"],
+                f"{resource['allocatable']}/{resource['capacity']} allocatable, {resource['allocated']} allocated",
+                f"{resource['healthy']} healthy, {resource['unhealthy']} unhealthy",
+                "",
+                "plugin connected" if plugin.get("connected") else "plugin disconnected",
+            ]
         )
         for device in resource.get("devices") or []:
-            health = device["health"]
-            table.add_row(
-                "",
-                device["id"],
-                health if health == "Healthy" else f"[red]{health}[/red]",
-                ",".join(str(n) for n in device.get("numaNodes") or []) or "-",
-                owner(device),
-            )
+            numa = ",".join(str(n) for n in device.get("numaNodes") or []) or "-"
+            rows.append(["", device["id"], device["health"], numa, owner(device)])
         if resource.get("devicesTruncated"):
-            table.add_row("", "...", "", "", "(device list truncated)")
-    return table
+            rows.append(["", "...", "", "", "(device list truncated)"])
+    title = f"node {agent.get('node', '?')} (agent {agent.get('version', '?')})"
+    return title + "\n" + table(("RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"), rows)
 
 
-def pods_table(pods: list[dict[str, Any]]) -> Table:
-    table = Table(title="pods", title_justify="left", box=None)
-    for column in ("POD", "SOURCE", "STATE", "DEVICES", "REASON"):
-        table.add_column(column)
+def pods_table(pods: list[dict[str, Any]]) -> str:
+    rows = []
     for pod in pods:
-        name = f"{pod['namespace']}/{pod['name']}" if pod.get("name") else "-"
         held = sorted(
             f"{container['name']}: {resource} {','.join(ids)}"
             for container in pod.get("containers") or []
             for resource, ids in (container.get("devices") or {}).items()
             if ids
         )
-        reason = pod.get("reason") or ""
-        table.add_row(name, pod.get("source", ""), pod.get("state", ""), "\n".join(held) or "-", reason)
-    return table
+        name = f"{pod['namespace']}/{pod['name']}" if pod.get("name") else "-"
+        rows.append(
+            [name, pod.get("source", ""), pod.get("state", ""), "; ".join(held) or "-", pod.get("reason") or ""]
+        )
+    return table(("POD", "SOURCE", "STATE", "DEVICES", "REASON"), rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.output == "yaml":
         print(yaml.safe_dump({"devices": devices, "pods": pods}, sort_keys=False), end="")
     else:
-        console = Console()
-        console.print(devices_table(devices))
+        print(devices_table(devices))
         if pods:
-            console.print(pods_table(pods))
+            print()
+            print(pods_table(pods))
     return 0

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeError, decode_event
+from deviceplane.agent.kube.client import decode_event
+from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.events import kubelet_reason, warning_event
 from deviceplane.agent.kube.node_devices import node_devices_object, without_heartbeat
 from deviceplane.agent.kube.node_status import NodeStatusPublisher

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
+
+from deviceplane.agent.kube.errors import KubeError, ResourceExpired
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -44,22 +45,6 @@ T = TypeVar("T")
 _new_client_from_config: Callable[..., k8s.ApiClient] = k8s_config.new_client_from_config
 _load_incluster_config: Callable[..., None] = k8s_config.load_incluster_config
 _iter_resp_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
-
-
-class KubeError(Exception):
-    """A failed API request: `status` is the HTTP status (0 when the server could not be reached)."""
-
-    def __init__(self, message: str, status: int = 0) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ResourceExpired(KubeError):
-    """A watch's resourceVersion is too old (410 Gone): list again."""
-
-
-def in_cluster() -> bool:
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
 def api_client(kubeconfig: Path | None) -> k8s.ApiClient:

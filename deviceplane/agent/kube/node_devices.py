@@ -22,14 +22,14 @@ from collections.abc import Callable
 from typing import Any
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi, KubeError, off_loop
+from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi, off_loop
+from deviceplane.agent.kube.errors import KubeError
+from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.api.models import DevicesStatus
 
 log = logging.getLogger("deviceplane.kube.node_devices")
 
-DEBOUNCE_SECONDS = 1.0
 HEARTBEAT_SECONDS = 60.0
-MAX_DEVICES_PER_RESOURCE = 128  # as a DRA ResourceSlice
 
 
 def without_heartbeat(status: dict[str, Any]) -> dict[str, Any]:
@@ -60,9 +60,9 @@ class NodeDevicesPublisher:
         node: str,
         status: Callable[[int], DevicesStatus],
         allocations: Callable[[], int] = lambda: 0,
-        debounce: float = DEBOUNCE_SECONDS,
+        debounce: float = NODEDEVICES_DEBOUNCE_SECONDS,
         heartbeat: float = HEARTBEAT_SECONDS,
-        max_devices: int = MAX_DEVICES_PER_RESOURCE,
+        max_devices: int = NODEDEVICES_MAX_DEVICES,
         backoff: Backoff | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

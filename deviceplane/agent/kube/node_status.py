@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeApi, KubeError, off_loop
+from deviceplane.agent.kube.client import KubeApi, off_loop
+from deviceplane.agent.kube.errors import KubeError
 from deviceplane.core.registry import Capacity
 
 log = logging.getLogger("deviceplane.kube.node_status")

@@ -19,7 +19,8 @@ from typing import Any
 
 from deviceplane.agent.admission.pod_source import PodSink
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeApi, KubeError, ResourceExpired, WatchEvent, off_loop
+from deviceplane.agent.kube.client import KubeApi, WatchEvent, off_loop
+from deviceplane.agent.kube.errors import KubeError, ResourceExpired
 from deviceplane.core.pods import PodError, parse_pod
 
 log = logging.getLogger("deviceplane.kube.pods")
