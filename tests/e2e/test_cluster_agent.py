@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from .agent_cluster import (
     node_status,
     token_kubeconfig,
 )
-from .cluster import Cluster, http_ok
+from .cluster import Cluster, http_json, http_ok
 from .procs import wait_for
 
 GPU = "example.com/gpu"
@@ -64,12 +64,12 @@ def test_plugins() -> Iterator[Callable[..., TestPlugin]]:
 def node_agent(installed: Cluster, kwok_nodes, deviceplane_agent, short_tmp) -> Callable[..., Any]:
     """Factory: a kwok node and an agent for it, authenticated with a token bound to the DaemonSet's pod there."""
 
-    def start(**kw: Any) -> tuple[str, Any]:
+    def start(extra: Sequence[str] = (), **kw: Any) -> tuple[str, Any]:
         (node,) = kwok_nodes(1, prefix="agent")
         token = bound_token(installed, daemonset_pod(installed, node))
         kubeconfig = token_kubeconfig(installed, token, short_tmp("dp-kc") / "agent.kubeconfig")
-        extra = ["--grace-period", f"{GRACE:g}s", "--nodedevices-debounce", f"{DEBOUNCE:g}s"]
-        return node, deviceplane_agent(kubeconfig=kubeconfig, node_name=node, extra=extra, **kw)
+        flags = ["--grace-period", f"{GRACE:g}s", "--nodedevices-debounce", f"{DEBOUNCE:g}s", *extra]
+        return node, deviceplane_agent(kubeconfig=kubeconfig, node_name=node, extra=flags, **kw)
 
     return start
 
@@ -83,10 +83,11 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
-def resources_match(cluster: Cluster, node: str, agent: Any) -> bool:
-    """NodeDevices and the Node's status show exactly what the agent shows locally."""
+def resources_match(cluster: Cluster, node: str, agent: Any, limit: int | None = None) -> bool:
+    """NodeDevices and the Node's status show exactly what the agent shows locally (`limit` devices a resource)."""
     published = node_devices(cluster, node)
-    local = without_nulls(agent.devices()["resources"])
+    query = f"?limit={limit}" if limit is not None else ""
+    local = without_nulls(http_json(f"{agent.url}/api/v1/devices{query}")["resources"])
     if published is None or (published.get("status") or {}).get("resources") != local:
         return False
     counts = node_status(cluster, node)
@@ -99,7 +100,7 @@ def resources_match(cluster: Cluster, node: str, agent: Any) -> bool:
 
 def test_node_status_and_nodedevices_follow_the_plugin(installed: Cluster, node_agent, test_plugins) -> None:
     cluster = installed
-    node, agent = node_agent()
+    node, agent = node_agent(extra=["--nodedevices-max-devices", "2"])
     before = node_status(cluster, node)
     plugin = test_plugins(
         agent.plugin_dir, "gpu.sock", [["g0", "Healthy", [0]], ["g1", "Healthy", [1]], ["g2", "Healthy", [1]]]
@@ -118,9 +119,15 @@ def test_node_status_and_nodedevices_follow_the_plugin(installed: Cluster, node_
     for field in ("capacity", "allocatable"):
         assert {k: v for k, v in after[field].items() if k != GPU} == before[field]
 
-    wait_for("NodeDevices to match the agent", lambda: resources_match(cluster, node, agent), procs=[agent.proc])
+    wait_for(
+        "NodeDevices to match the agent", lambda: resources_match(cluster, node, agent, limit=2), procs=[agent.proc]
+    )
     obj = node_devices(cluster, node)
     assert obj is not None
+    # The device list is bounded (--nodedevices-max-devices 2), the counts are exact.
+    (resource,) = obj["status"]["resources"]
+    assert [d["id"] for d in resource["devices"]] == ["g0", "g1"] and resource["devicesTruncated"] is True
+    assert (resource["capacity"], resource["healthy"], obj["status"]["deviceCount"]) == (3, 3, 3)
     node_uid = cluster.get_json("node", node)["metadata"]["uid"]
     assert obj["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid}]
     assert obj["spec"] == {"nodeName": node}
@@ -143,7 +150,8 @@ def test_node_status_and_nodedevices_follow_the_plugin(installed: Cluster, node_
         procs=[agent.proc],
     )
     as_yaml = cluster.kubectl("get", "nodedevices", node, "-o", "yaml")
-    for text in ("id: g1", "health: Unhealthy", "numaNodes:", "devicesTruncated: false"):
+    assert "devicesTruncated: true" in as_yaml
+    for text in ("id: g1", "health: Unhealthy", "numaNodes:"):
         assert text in as_yaml, as_yaml
     explained = cluster.kubectl("explain", "nodedevices.status.resources.devices")
     for field in ("allocatedTo", "health", "numaNodes"):
@@ -238,6 +246,9 @@ def test_api_pods_generic_device_plugin_events_and_release(
         lambda: {k for k, v in owners().items() if v == want} == held,
         procs=procs,
     )
+
+    as_yaml = cluster.kubectl("get", "nodedevices", node, "-o", "yaml")
+    assert "allocatedTo:" in as_yaml and "pod: user" in as_yaml and f"namespace: {namespace}" in as_yaml, as_yaml
 
     # Bound to the node directly (the scheduler would not place it): the agent refuses it as the kubelet would.
     cluster.apply(pod("greedy", 3, nodeName=node))
