@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from deviceplane.agent.kube.client import KubeApi
@@ -10,7 +11,6 @@ from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
 from deviceplane.agent.kube.node_status import NodeStatusPublisher
 from deviceplane.agent.kube.pod_watch import ApiPodSource
 from deviceplane.agent.plugins.contracts import DeviceListener
-from deviceplane.agent.tasks import TaskFactory
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class ClusterMode:
     def device_listeners(self) -> list[DeviceListener]:
         return [self.node_status.changed, self.node_devices.changed]
 
-    def background(self) -> list[tuple[str, TaskFactory]]:
+    def background(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
         """The long-lived loops, (task name, coroutine function)."""
         return [
             ("node-status", self.node_status.run),
