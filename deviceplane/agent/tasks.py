@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable
+
+from deviceplane.aio import cancel_and_wait
 
 TaskFactory = Callable[[], Awaitable[None]]
-
-
-async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
-    """Cancel every task and wait until each has finished; their outcomes (errors included) are collected, not
-    raised."""
-    pending = list(tasks)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
 
 
 class BackgroundTasks:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from deviceplane.aio import cancel_and_wait
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.preferred import pack_on_numa
@@ -80,13 +80,16 @@ def numa_layout(count: int, numa: int) -> dict[str, tuple[int, ...]]:
     return {f"sim-{i}": ((i * numa // count,) if numa else ()) for i in range(count)}
 
 
+FaultMode = Literal["fail", "hang"]
+
+
 class SimFault(Exception):
     """An injected failure."""
 
 
 @dataclass
 class Fault:
-    mode: str  # "fail" | "hang"
+    mode: FaultMode
     message: str = "injected failure"
     seconds: float | None = None  # hang: how long (None = until the call is cancelled)
     remaining: int | None = None  # how many more calls it affects (None = until cleared)
@@ -100,7 +103,8 @@ class Fault:
             raise ValueError("seconds must be a number >= 0")
         if times is not None and (not isinstance(times, int) or times < 1):
             raise ValueError("times must be an integer >= 1")
-        return cls(data["mode"], str(data.get("message", "injected failure")), seconds, times)
+        mode: FaultMode = "fail" if data["mode"] == "fail" else "hang"
+        return cls(mode, str(data.get("message", "injected failure")), seconds, times)
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "message": self.message, "seconds": self.seconds, "times": self.remaining}
@@ -211,6 +215,4 @@ class SimPlugin:
         try:
             await self.plugin.serve()
         finally:
-            flapper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flapper
+            await cancel_and_wait([flapper])

@@ -14,7 +14,7 @@ import sys
 
 from deviceplane.agent.admission.admitter import Admitter
 from deviceplane.agent.state.durability import AllocationStore
-from deviceplane.agent.tasks import cancel_and_wait
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodRecord, PodTable

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import grpc
 
 from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
+from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.typed_grpc import device_plugin_stub
 from deviceplane.core.registry import Device, PluginOptions
@@ -102,6 +103,5 @@ class PluginClient:
         self._closed = True
         task, self._stream_task = self._stream_task, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
         await self._channel.close(None)

@@ -14,6 +14,7 @@ import grpc
 import watchfiles
 
 from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
+from deviceplane.aio import cancel_and_wait
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.typed_grpc import plugin_watcher_stub
 from deviceplane.core.constants import (
@@ -70,9 +71,7 @@ class PluginWatcher:
                 self.rescan()
         finally:
             stop.set()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await cancel_and_wait(self._tasks)
 
     def rescan(self) -> None:
         present: dict[str, int] = {}

@@ -17,6 +17,7 @@ import time
 
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.journal import Journal, alloc_record, release_record
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import Allocation, PodDevices
 from deviceplane.core.registry import DeviceRegistry
@@ -141,8 +142,7 @@ class AllocationStore:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait([self._task])
         try:
             await self.checkpoint_now()
         except Exception as err:
