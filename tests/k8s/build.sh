@@ -66,7 +66,7 @@ build_gdp() {
     echo "k8s-bins: WARNING: generic-device-plugin source not found; its e2e tests will skip" >&2
     return 0
   fi
-  gkey=$( (cd "$src" && find . -type f ! -path './.git/*' | LC_ALL=C sort | while read -r f; do printf '%s\n' "$f"; cat "$f"; done
+  gkey=$( (cd "$src" && find . -type f ! -path './.git/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
            go env GOVERSION) | sha256sum | cut -c1-12)
   gout="$cache_root/gdp-$gkey"
   if [ ! -x "$gout/generic-device-plugin" ]; then
@@ -150,8 +150,11 @@ for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat
 done > "$tmp/kwok-stages.yaml"
 
 # Smoke: every binary runs and reports the pinned version.
-"$tmp/kube-apiserver" --version | grep -qx "Kubernetes ${k8s_version}" || die "kube-apiserver --version is not ${k8s_version}: $("$tmp/kube-apiserver" --version)"
-"$tmp/etcd" --version | grep -q "etcd Version: ${etcd_version#v}" || die "etcd --version is not ${etcd_version}"
+# (Output captured first: with pipefail, `cmd | grep -q` fails whenever grep exits before cmd has written everything.)
+v=$("$tmp/kube-apiserver" --version)
+grep -qx "Kubernetes ${k8s_version}" <<<"$v" || die "kube-apiserver --version is not ${k8s_version}: $v"
+v=$("$tmp/etcd" --version)
+grep -q "etcd Version: ${etcd_version#v}" <<<"$v" || die "etcd --version is not ${etcd_version}: $v"
 "$tmp/kwok" --version >/dev/null 2>&1 || die "kwok --version failed"
 
 {
