@@ -19,6 +19,7 @@ import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -34,6 +35,8 @@ from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, P
 from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory, run_sources
 from deviceplane.agent.admission.runner import AdmissionRunner
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
+from deviceplane.agent.kube.errors import KubeError
+from deviceplane.agent.kube.mode import CLUSTER_EXTRA_HINT, NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.agent.plugins.contracts import DeviceListener, PluginConnector
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_client import PluginClient
@@ -57,9 +60,15 @@ from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry
 
+if TYPE_CHECKING:
+    from deviceplane.agent.kube.client import KubeApi
+    from deviceplane.agent.kube.cluster_mode import ClusterMode
+
 __all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 
 log = logging.getLogger("deviceplane.agent")
+
+REQUIRE_APISERVER_TIMEOUT_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -82,6 +91,9 @@ class AgentConfig:
     # allocates itself.
     kubelet_dir: Path | None = None
     kubelet_pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    require_apiserver: bool = False
+    nodedevices_debounce: float = NODEDEVICES_DEBOUNCE_SECONDS
+    nodedevices_max_devices: int = NODEDEVICES_MAX_DEVICES
 
 
 class Agent:
@@ -96,6 +108,18 @@ class Agent:
         self.ownership = Ownership(config.kubelet_pod_resources_socket) if config.kubelet_dir is not None else None
         allocated = self.ownership.allocated_count if self.ownership else self.pod_devices.allocated_count
         self.metrics = AgentMetrics(self.registry, config.node_name, allocated)
+        self.views = ApiViews(
+            self.registry,
+            self.pods,
+            self.pod_devices,
+            config.node_name,
+            owners=self.ownership.holders if self.ownership else None,
+            pod_list=self.ownership.pods_json if self.ownership else None,
+        )
+
+        # -- cluster mode: pods from the API server, Events, Node status, NodeDevices ------------------------------
+        # (in proxy mode only NodeDevices: the kubelet admits pods and owns the Node's capacity)
+        self.cluster = None if config.standalone else self._cluster_mode(proxy=config.kubelet_dir is not None)
 
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
@@ -113,6 +137,8 @@ class Agent:
             self.proxy = ProxyMode(self.registry, config.plugin_dir, config.kubelet_dir, self.ownership, self.metrics)
             connector = self.proxy.connector
             listeners.append(self.proxy.on_device_event)
+        if self.cluster is not None:
+            listeners += self.cluster.device_listeners()
         self.manager = DeviceManager(self.registry, checkpoint, connector, listeners, config.dial_timeout)
         registration = RegistrationServicer(self.manager, config.plugin_dir, self.metrics.count_registration)
         self.registration = RegistrationServer(registration, config.plugin_dir)
@@ -134,6 +160,7 @@ class Agent:
             plugins=PluginCalls(self.manager, self.metrics, config.allocate_timeout),
             device_changes=device_changes,
             metrics=self.metrics,
+            failure_listeners=(self.cluster.events.failed,) if self.cluster and self.cluster.events else (),
         )
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
         self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, Admitter(parts, settings))
@@ -141,18 +168,12 @@ class Agent:
         self.pod_sources: list[PodSource] = []
         if config.pod_manifest_dir is not None:
             self.pod_sources.append(StaticPodDirectory(config.pod_manifest_dir, config.node_name))
+        if self.cluster is not None and self.cluster.pods is not None:
+            self.pod_sources.append(self.cluster.pods)
         for source in self.pod_sources:
             self.pods.register_source(source.name)
 
         # -- serving ----------------------------------------------------------------------------------------------
-        self.views = ApiViews(
-            self.registry,
-            self.pods,
-            self.pod_devices,
-            config.node_name,
-            owners=self.ownership.holders if self.ownership else None,
-            pod_list=self.ownership.pods_json if self.ownership else None,
-        )
         self._pod_resources = PodResourcesServicer(self.pods, self.pod_devices, self.registry)
         self._pod_resources_server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -167,9 +188,43 @@ class Agent:
             self.background += self.proxy.tasks()
         else:
             self.background.append(("pod-sources", self._run_pod_sources))
+        if self.cluster is not None:
+            self.background += self.cluster.background()
         self._tasks = BackgroundTasks()
         self._admitting = False
         self._ready = False
+
+    def _cluster_mode(self, *, proxy: bool) -> ClusterMode:
+        # Imported here: the Kubernetes client is an extra (`deviceplane[cluster]`), the standalone agent runs without.
+        try:
+            from deviceplane.agent.kube.client import KubeApi, api_client
+            from deviceplane.agent.kube.cluster_mode import ClusterMode
+            from deviceplane.agent.kube.events import AdmissionEvents
+            from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
+            from deviceplane.agent.kube.node_status import NodeStatusPublisher
+            from deviceplane.agent.kube.pod_watch import ApiPodSource
+        except ImportError as err:
+            raise KubeError(f"{CLUSTER_EXTRA_HINT} ({err})") from err
+        config = self.config
+        api = KubeApi(api_client(config.kubeconfig))
+        ownership = self.ownership
+        node_devices = NodeDevicesPublisher(
+            api,
+            config.node_name,
+            self.views.status,
+            allocations=(lambda: ownership.generation) if ownership else (lambda: self.pod_devices.generation),
+            debounce=config.nodedevices_debounce,
+            max_devices=config.nodedevices_max_devices,
+        )
+        if proxy:
+            return ClusterMode(api=api, node_devices=node_devices)
+        return ClusterMode(
+            api=api,
+            node_devices=node_devices,
+            pods=ApiPodSource(api, config.node_name),
+            events=AdmissionEvents(api, config.node_name),
+            node_status=NodeStatusPublisher(api, config.node_name, self.registry.capacity),
+        )
 
     # -- probes -----------------------------------------------------------------------------------------------------
 
@@ -177,11 +232,18 @@ class Agent:
         return self.registration.problem()
 
     def _readiness(self) -> str | None:
-        return self._health() if self._ready else "starting"
+        if not self._ready:
+            return "starting"
+        problem = self._health()
+        if problem is None and self.cluster is not None:
+            problem = self.cluster.readiness()
+        return problem
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.cluster is not None and self.config.require_apiserver:
+            await self._check_apiserver(self.cluster.api)
         plugin_dir = self.config.plugin_dir
         plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
         restored = self._checkpoint_file.read()
@@ -218,6 +280,15 @@ class Agent:
             extra={"socket": str(self.registration.socket), "http": self.config.http_addr, "pid": os.getpid()},
         )
 
+    async def _check_apiserver(self, api: KubeApi) -> None:
+        from deviceplane.agent.kube.client import off_loop
+
+        try:
+            version = await asyncio.wait_for(off_loop(api.version), REQUIRE_APISERVER_TIMEOUT_SECONDS)
+        except (KubeError, TimeoutError) as err:
+            raise KubeError(f"cannot reach the API server at {api.host} (--require-apiserver): {err}") from err
+        log.info("API server reachable", extra={"server": api.host, "version": version})
+
     async def _run_watcher(self) -> None:
         if self._watcher is not None:
             await self._watcher.run(self._watcher_ready)
@@ -248,14 +319,18 @@ def _source_crashed(name: str, err: BaseException) -> None:
 
 
 async def run_agent(config: AgentConfig) -> int:
-    agent = Agent(config)
+    try:
+        agent = Agent(config)
+    except KubeError as err:
+        log.error("agent failed to start: %s", err)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
         await agent.start()
-    except OSError as err:
+    except (OSError, KubeError) as err:
         log.error("agent failed to start: %s", err)
         await agent.stop()
         return 1

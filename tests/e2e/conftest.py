@@ -147,7 +147,7 @@ def short_tmp() -> Iterator[Callable[[str], Path]]:
 @pytest.fixture
 def generic_device_plugin(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Proc]]:
     """Factory: start squat/generic-device-plugin (squat.ai/null: 4 x /dev/null) registering at
-    <plugin_dir>/kubelet.sock. Tests using it carry the GDP_PINNED skipif (see cluster.py)."""
+    <plugin_dir>/kubelet.sock. Built by `make k8s-bins` from its vendored source (tests/k8s/README.md)."""
     started: list[Proc] = []
 
     def start(plugin_dir: Path) -> Proc:
@@ -265,6 +265,7 @@ class Agent:
     proc: Proc
     url: str
     plugin_dir: Path
+    pod_resources_socket: Path | None = None
 
     def devices(self) -> dict[str, Any]:
         return dict(http_json(self.url + "/api/v1/devices"))
@@ -281,11 +282,17 @@ class Agent:
 
 @pytest.fixture
 def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterator[Callable[..., Agent]]:
-    """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent."""
+    """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent.
+    With `kubeconfig`, the agent publishes to that cluster as `node_name` instead of running standalone."""
     started: list[Proc] = []
 
     def start(
-        *, pod_manifest_dir: Path | None = None, plugin_dir: Path | None = None, extra: Sequence[str] = ()
+        *,
+        pod_manifest_dir: Path | None = None,
+        plugin_dir: Path | None = None,
+        kubeconfig: Path | None = None,
+        node_name: str | None = None,
+        extra: Sequence[str] = (),
     ) -> Agent:
         # plugin_dir: reuse one (an agent restarted after SIGKILL); extra: more flags (e.g. --mode proxy ...)
         plugin_dir = plugin_dir or short_tmp("dp-plugins")
@@ -296,7 +303,9 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
             "-m",
             "deviceplane",
             "agent",
-            "--standalone",
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--standalone"]),
+            *(["--node-name", node_name] if node_name is not None else []),
+            *extra,
             "--plugin-dir",
             str(plugin_dir),
             "--pod-resources-socket",
@@ -306,10 +315,9 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
         ]
         if pod_manifest_dir is not None:
             argv += ["--pod-manifest-dir", str(pod_manifest_dir)]
-        argv += list(extra)
         p = procs.start("deviceplane-agent", argv, cwd=REPO)
         started.append(p)
-        agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir)
+        agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir, pr_dir / "kubelet.sock")
         # Ready means serving: the HTTP API and the registration socket <plugin_dir>/kubelet.sock.
         wait_for("deviceplane agent /readyz", lambda: http_ok(agent.url + "/readyz"), procs=[p], timeout=60)
         return agent

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deviceplane.agent.admission.plugin_calls import PluginCalls
@@ -72,6 +72,8 @@ class AdmissionParts:
     plugins: PluginCalls
     device_changes: DeviceChanges
     metrics: AgentMetrics
+    # Told (source, pod, reason) when an admission fails: the API pod source's Warning Events.
+    failure_listeners: Sequence[Callable[[str, Pod, str], None]] = ()
 
 
 class Admitter:
@@ -86,6 +88,7 @@ class Admitter:
         self._plugins = parts.plugins
         self._device_changes = parts.device_changes
         self._metrics = parts.metrics
+        self._failure_listeners = tuple(parts.failure_listeners)
         self._settings = settings
         self._clock = clock
         self._started_at = clock()
@@ -142,6 +145,8 @@ class Admitter:
             "pod admission failed",
             extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason, "result": str(kind)},
         )
+        for listener in self._failure_listeners:
+            listener(record.source, record.pod, reason)
 
     async def _wait_for_plugins(self, pod: Pod) -> None:
         """Right after start, give plugins a moment to come back before deciding their resources are missing."""

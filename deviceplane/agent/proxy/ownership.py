@@ -99,6 +99,8 @@ class Ownership:
         self._view = KubeletView()
         self._pending: dict[DeviceKey, float] = {}  # allocated through the proxy, not yet listed -> when
         self.reachable = False
+        # Bumped whenever the kubelet's owners change, so a NodeDevices publisher knows to write again.
+        self.generation = 0
 
     # -- the join -----------------------------------------------------------------------------------------------------
 
@@ -174,7 +176,10 @@ class Ownership:
     async def poll_once(self, stub: PodResourcesClient) -> None:
         listed = await stub.List(pr.ListPodResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
         allocatable = await stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=CALL_TIMEOUT_SECONDS)
-        self._view = kubelet_view(listed, allocatable)
+        view = kubelet_view(listed, allocatable)
+        if view.holders != self._view.holders:
+            self.generation += 1
+        self._view = view
         self._settle()
         if not self.reachable:
             log.info("kubelet PodResources reachable", extra={"socket": str(self._socket_path)})

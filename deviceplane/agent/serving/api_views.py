@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from deviceplane import __version__
-from deviceplane.api.models import AgentView
+from deviceplane.api.models import AgentView, DevicesStatus
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import holders, pods_view
@@ -48,17 +48,19 @@ class ApiViews:
             if not query["limit"].isdigit():
                 raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
             limit = int(query["limit"])
-        wanted = query.get("resource")
+        return self.status(limit, query.get("resource")).model_dump(mode="json")
+
+    def status(self, device_limit: int | None = None, resource: str | None = None) -> DevicesStatus:
+        """The devices model (also NodeDevices.status): at most `device_limit` devices per resource."""
         agent = AgentView(version=__version__, node=self._node_name, lastHeartbeatTime=rfc3339(self._wall_clock()))
-        status = devices_status(
+        return devices_status(
             self._registry,
             self._registry.capacity(),
             agent,
             holders=self._owners() if self._owners else holders(self._pod_devices, self._table),
-            device_limit=limit,
-            resource_filter=(lambda name: name == wanted) if wanted else None,
+            device_limit=device_limit,
+            resource_filter=(lambda name: name == resource) if resource else None,
         )
-        return status.model_dump(mode="json")
 
     def pods(self, _request: web.Request | None = None) -> list[dict[str, Any]]:
         if self._pod_list is not None:
