@@ -213,6 +213,8 @@ class Agent:
             config.node_name,
             self.views.status,
             allocations=(lambda: ownership.generation) if ownership else (lambda: self.pod_devices.generation),
+            # Proxy mode: not before the kubelet's owners are listed (agent mode restores its own at start).
+            owners_known=ownership.listed.wait if ownership else None,
             debounce=config.nodedevices_debounce,
             max_devices=config.nodedevices_max_devices,
         )
@@ -235,6 +237,8 @@ class Agent:
         if not self._ready:
             return "starting"
         problem = self._health()
+        if problem is None and self.ownership is not None:
+            problem = self.ownership.ready()
         if problem is None and self.cluster is not None:
             problem = self.cluster.readiness()
         return problem

@@ -18,6 +18,8 @@ from .procs import wait_for
 NAMESPACE = "deviceplane-system"
 SERVICE_ACCOUNT = "deviceplane-agent"
 DAEMONSET = "deviceplane-agent"
+PROXY_DAEMONSET = "deviceplane-agent-proxy"  # runs on the nodes labelled PROXY_LABEL=proxy
+PROXY_LABEL = "deviceplane.io/agent-mode"
 CRDS = REPO / "crds"
 MANIFESTS = REPO / "manifests"
 
@@ -72,19 +74,19 @@ def node_devices(cluster: Cluster, node: str) -> dict[str, Any] | None:
     return get(cluster, f"/apis/deviceplane.io/v1alpha1/nodedevices/{node}")
 
 
-def daemonset_pod(cluster: Cluster, node: str) -> str:
-    """The name of the agent DaemonSet's pod on `node`, once the scheduler has bound it."""
+def daemonset_pod(cluster: Cluster, node: str, daemonset: str = DAEMONSET) -> str:
+    """The name of the agent DaemonSet's (or `daemonset`'s) pod on `node`, once it is bound there."""
     found: list[str] = []
 
     def bound() -> bool:
         pods = cluster.get_json(
-            "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={DAEMONSET}", "--field-selector",
+            "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/name={daemonset}", "--field-selector",
             f"spec.nodeName={node}",
         )["items"]  # fmt: skip
         found[:] = [p["metadata"]["name"] for p in pods]
         return bool(found)
 
-    wait_for(f"the agent DaemonSet's pod on {node}", bound, timeout=60)
+    wait_for(f"the {daemonset} DaemonSet's pod on {node}", bound, timeout=60)
     return found[0]
 
 

@@ -18,7 +18,10 @@ from tests.support.pods import PodResourcesClient, listed_devices, simple_pod
 from tests.support.procs import TestPlugin
 
 from .agent_cluster import (
+    DAEMONSET,
     NAMESPACE,
+    PROXY_DAEMONSET,
+    PROXY_LABEL,
     Stopwatch,
     api,
     bound_token,
@@ -42,8 +45,9 @@ OUTAGE_SECONDS = 30.0
 def installed(cluster: Cluster) -> Iterator[Cluster]:
     install(cluster)
     yield cluster
-    # The DaemonSet would put a pod on every later test's kwok nodes.
-    cluster.kubectl("delete", "daemonset", "-n", NAMESPACE, "deviceplane-agent", "--ignore-not-found", check=False)
+    # The DaemonSets would put a pod on every later test's kwok nodes.
+    for name in (DAEMONSET, PROXY_DAEMONSET):
+        cluster.kubectl("delete", "daemonset", "-n", NAMESPACE, name, "--ignore-not-found", check=False)
 
 
 @pytest.fixture
@@ -62,11 +66,13 @@ def test_plugins() -> Iterator[Callable[..., TestPlugin]]:
 
 @pytest.fixture
 def node_agent(installed: Cluster, kwok_nodes, deviceplane_agent, short_tmp) -> Callable[..., Any]:
-    """Factory: a kwok node and an agent for it, authenticated with a token bound to the DaemonSet's pod there."""
+    """Factory: a kwok node and an agent for it, authenticated with a token bound to the DaemonSet's pod there.
+    `proxy=True`: the node is labelled for the proxy-mode DaemonSet and the token is bound to that one's pod."""
 
-    def start(extra: Sequence[str] = (), **kw: Any) -> tuple[str, Any]:
-        (node,) = kwok_nodes(1, prefix="agent")
-        token = bound_token(installed, daemonset_pod(installed, node))
+    def start(extra: Sequence[str] = (), proxy: bool = False, **kw: Any) -> tuple[str, Any]:
+        labels = {PROXY_LABEL: "proxy"} if proxy else None
+        (node,) = kwok_nodes(1, prefix="agent", labels=labels)
+        token = bound_token(installed, daemonset_pod(installed, node, PROXY_DAEMONSET if proxy else DAEMONSET))
         kubeconfig = token_kubeconfig(installed, token, short_tmp("dp-kc") / "agent.kubeconfig")
         flags = ["--grace-period", f"{GRACE:g}s", "--nodedevices-debounce", f"{DEBOUNCE:g}s", *extra]
         return node, deviceplane_agent(kubeconfig=kubeconfig, node_name=node, extra=flags, **kw)

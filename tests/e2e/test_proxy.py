@@ -46,15 +46,19 @@ def kubelet_side(short_tmp: Callable[[str], Path]) -> tuple[Path, Path]:
     return short_tmp("kdp"), short_tmp("kpr") / "kubelet.sock"
 
 
-def start_proxy(
-    deviceplane_agent: Callable[..., Agent], kubelet_dir: Path, pod_resources: Path, plugin_dir: Path | None = None
-) -> Agent:
-    extra = [
+def proxy_flags(kubelet_dir: Path, pod_resources: Path) -> list[str]:
+    """The agent's flags for proxy mode in front of the kubelet at `kubelet_dir` / `pod_resources`."""
+    return [
         "--mode", "proxy",
         "--kubelet-dir", str(kubelet_dir),
         "--kubelet-pod-resources-socket", str(pod_resources),
     ]  # fmt: skip
-    return deviceplane_agent(plugin_dir=plugin_dir, extra=extra)
+
+
+def start_proxy(
+    deviceplane_agent: Callable[..., Agent], kubelet_dir: Path, pod_resources: Path, plugin_dir: Path | None = None
+) -> Agent:
+    return deviceplane_agent(plugin_dir=plugin_dir, extra=proxy_flags(kubelet_dir, pod_resources))
 
 
 def start_sim(procs: Procs, plugin_dir: Path, count: int = 4, numa: int = 0) -> tuple[Proc, str]:

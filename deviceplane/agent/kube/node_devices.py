@@ -7,7 +7,9 @@ written with a merge patch on the status subresource:
   once per interval (building the status costs ~20 ms for 10 x 1,000 devices, benchmarks/nodedevices.py);
 - skipped when nothing but the heartbeat would change; a heartbeat write every `heartbeat` seconds says the agent
   is alive;
-- bounded: at most `max_devices` devices listed per resource (`devicesTruncated` says so), counts stay exact.
+- bounded: at most `max_devices` devices listed per resource (`devicesTruncated` says so), counts stay exact;
+- not before the owners are known (`owners_known`, in proxy mode the kubelet's first PodResources listing): a
+  restarted agent never publishes held devices as free.
 A failed write is retried with backoff with the newest state; a missing object (first start, or collected after
 its Node was re-created) is created again.
 """
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deviceplane.agent.kube.backoff import Backoff
@@ -60,6 +62,7 @@ class NodeDevicesPublisher:
         node: str,
         status: Callable[[int], DevicesStatus],
         allocations: Callable[[], int] = lambda: 0,
+        owners_known: Callable[[], Awaitable[object]] | None = None,
         debounce: float = NODEDEVICES_DEBOUNCE_SECONDS,
         heartbeat: float = HEARTBEAT_SECONDS,
         max_devices: int = NODEDEVICES_MAX_DEVICES,
@@ -70,6 +73,7 @@ class NodeDevicesPublisher:
         self.node = node
         self.status = status
         self.allocations = allocations
+        self.owners_known = owners_known
         self.debounce = debounce
         self.heartbeat = heartbeat
         self.max_devices = max_devices
@@ -87,6 +91,8 @@ class NodeDevicesPublisher:
         self._wake.set()
 
     async def run(self) -> None:
+        if self.owners_known is not None:
+            await self.owners_known()
         last_attempt = float("-inf")
         while True:
             with contextlib.suppress(TimeoutError):

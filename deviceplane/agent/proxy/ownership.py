@@ -99,6 +99,8 @@ class Ownership:
         self._view = KubeletView()
         self._pending: dict[DeviceKey, float] = {}  # allocated through the proxy, not yet listed -> when
         self.reachable = False
+        # Set by the first successful listing: before it, every device would look free.
+        self.listed = asyncio.Event()
         # Bumped whenever the kubelet's owners change, so a NodeDevices publisher knows to write again.
         self.generation = 0
 
@@ -125,6 +127,9 @@ class Ownership:
 
     def allocated_count(self, resource: str) -> int:
         return sum(1 for r, _ in self._view.holders if r == resource)
+
+    def ready(self) -> str | None:
+        return None if self.listed.is_set() else "kubelet PodResources not listed yet"
 
     def kubelet_allocatable(self) -> dict[str, int]:
         return {resource: len(ids) for resource, ids in self._view.allocatable.items()}
@@ -181,6 +186,7 @@ class Ownership:
             self.generation += 1
         self._view = view
         self._settle()
+        self.listed.set()
         if not self.reachable:
             log.info("kubelet PodResources reachable", extra={"socket": str(self._socket_path)})
         self.reachable = True
