@@ -3,7 +3,7 @@ PYTHON ?= python3
 CACHE ?= $(HOME)/.cache/deviceplane
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: deps k8s-bins promtool proto lint test unit demo bench clean
+.PHONY: deps k8s-bins promtool proto crds lint test unit demo bench clean
 
 deps:  ## Python package and test dependencies
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -16,6 +16,9 @@ promtool:  ## `promtool check metrics` for the metrics tests
 
 proto:  ## regenerate deviceplane/api from proto/
 	$(PYTHON) scripts/gen_proto.py
+
+crds:  ## regenerate crds/ from the pydantic models in deviceplane/api
+	$(PYTHON) scripts/gen_crds.py
 
 lint:
 	$(PYTHON) -m ruff check deviceplane tests benchmarks scripts

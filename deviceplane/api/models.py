@@ -1,8 +1,11 @@
-"""The agent's JSON model: `/api/v1/devices` and `NodeDevices.status` are this one model (DESIGN)."""
+"""The agent's JSON model: `/api/v1/devices` and `NodeDevices.status` are this one model (DESIGN).
+
+The field descriptions are what `kubectl explain nodedevices.status` prints (crds/ is generated from this model).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 
 class FrozenModel(BaseModel):
@@ -12,53 +15,94 @@ class FrozenModel(BaseModel):
 
 
 class AllocatedTo(FrozenModel):
-    namespace: str
-    pod: str
-    container: str
+    """The container a device is allocated to."""
+
+    namespace: str = Field(description="Namespace of the pod.")
+    pod: str = Field(description="Name of the pod.")
+    container: str = Field(description="Name of the container (init or app) the device was allocated to.")
 
 
 class DeviceView(FrozenModel):
-    id: str
-    health: str
-    numaNodes: list[int] = Field(default_factory=list)
-    allocatedTo: AllocatedTo | None = None
+    """One device as its plugin reported it, with its current owner."""
+
+    id: str = Field(description="Device ID as the plugin reported it (ListAndWatch).")
+    health: str = Field(description="Healthy or Unhealthy, as last reported by the plugin.")
+    numaNodes: list[int] = Field(
+        default_factory=list, description="NUMA nodes of the device's topology; empty when the plugin gave none."
+    )
+    allocatedTo: AllocatedTo | None = Field(
+        default=None, description="The container holding the device; null when the device is free."
+    )
 
 
 class PluginView(FrozenModel):
-    endpoint: str | None
-    connected: bool
-    preStartRequired: bool
-    getPreferredAllocationAvailable: bool
-    registeredAt: str | None
+    """The device plugin serving a resource."""
+
+    endpoint: str | None = Field(description="The plugin's socket name in the registration directory.")
+    connected: bool = Field(description="Whether the plugin's ListAndWatch stream is up.")
+    preStartRequired: bool = Field(description="The plugin asked for PreStartContainer calls.")
+    getPreferredAllocationAvailable: bool = Field(description="The plugin implements GetPreferredAllocation.")
+    registeredAt: str | None = Field(description="When the plugin last registered (RFC 3339).")
 
 
 class ResourceView(FrozenModel):
-    name: str
-    capacity: int
-    allocatable: int
-    healthy: int
-    unhealthy: int
-    allocated: int
-    plugin: PluginView
-    devices: list[DeviceView]
-    devicesTruncated: bool = False
+    """One extended resource on the node: counts are exact even when the device list is truncated."""
+
+    name: str = Field(description="Extended resource name, e.g. example.com/gpu.")
+    capacity: int = Field(description="Devices the plugin reported (healthy and unhealthy).")
+    allocatable: int = Field(description="Healthy devices: what the scheduler may hand out.")
+    healthy: int = Field(description="Devices reported Healthy.")
+    unhealthy: int = Field(description="Devices reported Unhealthy.")
+    allocated: int = Field(description="Devices currently allocated to containers.")
+    plugin: PluginView = Field(description="The plugin serving this resource.")
+    devices: list[DeviceView] = Field(description="The devices, in natural order; bounded (see devicesTruncated).")
+    devicesTruncated: bool = Field(
+        default=False, description="True when the device list was cut to its bound; the counts above stay exact."
+    )
 
 
 class AgentView(FrozenModel):
-    version: str
-    node: str
-    lastHeartbeatTime: str
+    """The node agent that wrote this status."""
+
+    version: str = Field(description="deviceplane version of the agent.")
+    node: str = Field(description="The node the agent runs on.")
+    lastHeartbeatTime: str = Field(description="When the agent last confirmed this status (RFC 3339).")
 
 
 class Condition(FrozenModel):
-    type: str
-    status: str
-    reason: str
-    message: str
-    lastTransitionTime: str
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type.")
+    status: str = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason for the last transition.")
+    message: str = Field(description="Human-readable detail.")
+    lastTransitionTime: str = Field(description="When status last changed (RFC 3339).")
 
 
 class DevicesStatus(FrozenModel):
-    resources: list[ResourceView]
-    agent: AgentView
-    conditions: list[Condition] = Field(default_factory=list)
+    """The devices of one node, as its deviceplane agent sees them (also served at /api/v1/devices)."""
+
+    resources: list[ResourceView] = Field(description="Extended resources served on the node, by name.")
+    agent: AgentView = Field(description="The agent publishing this status.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions of the node's devices.")
+
+    # Totals for `kubectl get nodedevices` (printer columns cannot sum a list); derived, so never out of step.
+    @computed_field(description="Number of resources served on the node.")  # type: ignore[prop-decorator]
+    @property
+    def resourceCount(self) -> int:
+        return len(self.resources)
+
+    @computed_field(description="Devices over all resources (their capacity).")  # type: ignore[prop-decorator]
+    @property
+    def deviceCount(self) -> int:
+        return sum(r.capacity for r in self.resources)
+
+    @computed_field(description="Healthy devices over all resources.")  # type: ignore[prop-decorator]
+    @property
+    def healthyCount(self) -> int:
+        return sum(r.healthy for r in self.resources)
+
+    @computed_field(description="Allocated devices over all resources.")  # type: ignore[prop-decorator]
+    @property
+    def allocatedCount(self) -> int:
+        return sum(r.allocated for r in self.resources)

@@ -1,0 +1,71 @@
+"""The project's two custom resources, described for the CRD generator (`make crds` writes crds/ from these)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from deviceplane.api import dpc
+from deviceplane.api.crd import CrdSpec, PrinterColumn
+from deviceplane.api.dpc import CrdModel
+from deviceplane.api.models import DevicesStatus
+
+GROUP = dpc.GROUP
+VERSION = dpc.VERSION
+LABELS = {"app.kubernetes.io/part-of": "deviceplane"}
+
+
+class NodeDevicesSpec(CrdModel):
+    """Which node this object describes."""
+
+    nodeName: str = Field(min_length=1, max_length=253, description="The node (also this object's name).")
+
+
+NODE_DEVICES = CrdSpec(
+    group=GROUP,
+    version=VERSION,
+    kind="NodeDevices",
+    plural="nodedevices",
+    scope="Cluster",
+    spec_model=NodeDevicesSpec,
+    status_model=DevicesStatus,
+    description="The devices of one node as its deviceplane agent sees them: resources, per-device health and "
+    "owners. Named after the node, owned by it, written by the node's agent.",
+    short_names=("nd",),
+    categories=("deviceplane",),
+    printer_columns=(
+        PrinterColumn("Resources", ".status.resourceCount", "integer", "Resources served on the node."),
+        PrinterColumn("Devices", ".status.deviceCount", "integer", "Devices over all resources."),
+        PrinterColumn("Healthy", ".status.healthyCount", "integer", "Healthy devices."),
+        PrinterColumn("Allocated", ".status.allocatedCount", "integer", "Devices allocated to containers."),
+    ),
+    labels=LABELS,
+)
+
+DEVICE_PLUGIN_CONFIG = CrdSpec(
+    group=GROUP,
+    version=VERSION,
+    kind=dpc.KIND,
+    plural=dpc.PLURAL,
+    scope="Namespaced",
+    spec_model=dpc.DevicePluginConfigSpec,
+    status_model=dpc.DevicePluginConfigStatus,
+    description="A device plugin to run as a DaemonSet in this namespace; deviceplane's operator renders it, "
+    "reports the rollout and resolves two configs serving one resource on the same node.",
+    short_names=("dpc",),
+    categories=("deviceplane",),
+    printer_columns=(
+        PrinterColumn("Resource", ".spec.resourceName", "string", "The extended resource served."),
+        PrinterColumn("Desired", ".status.desiredNumberScheduled", "integer", "Nodes that should run the plugin."),
+        PrinterColumn("Ready", ".status.numberReady", "integer", "Nodes whose plugin pod is ready."),
+        PrinterColumn("Up-to-date", ".status.updatedNumberScheduled", "integer", "Nodes on the current template."),
+        PrinterColumn(
+            "Conflict",
+            '.status.conditions[?(@.type=="Conflict")].status',
+            "string",
+            "Shares nodes with another config.",
+        ),
+    ),
+    labels=LABELS,
+)
+
+ALL = (NODE_DEVICES, DEVICE_PLUGIN_CONFIG)
