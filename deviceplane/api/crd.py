@@ -85,6 +85,7 @@ class CrdSpec:
     categories: Sequence[str] = ()
     printer_columns: Sequence[PrinterColumn] = ()
     spec_required: bool = True
+    root_validations: Sequence[Mapping[str, str]] = ()  # CEL rules on the whole object (e.g. on metadata.name)
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -210,6 +211,8 @@ def build_crd(spec: CrdSpec) -> JsonSchema:
     root: JsonSchema = {"type": "object", "description": spec.description, "properties": properties}
     if spec.spec_model is not None and spec.spec_required:
         root["required"] = ["spec"]
+    if spec.root_validations:
+        root["x-kubernetes-validations"] = [dict(rule) for rule in spec.root_validations]
 
     version: JsonSchema = {"name": spec.version, "served": True, "storage": True}
     if spec.status_model is not None:

@@ -19,6 +19,7 @@ KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 AGENT_PLUGIN_DIR = "/var/lib/deviceplane/device-plugins"  # `deviceplane agent --plugin-dir` default
 DEFAULT_PRIORITY_CLASS = "system-node-critical"
 DEFAULT_CONFIG_MOUNT = "/etc/deviceplane/plugin-config"
+MAX_NAME_LENGTH = 56  # the DaemonSet is <name>-plugin and the name is a label value (<= 63 characters)
 MAX_CONFLICT_NODES = 20  # node names listed per conflict; nodeCount stays exact
 
 # An extended resource name is a qualified name with a domain prefix outside kubernetes.io (as the kubelet checks:
