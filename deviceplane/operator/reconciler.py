@@ -70,19 +70,21 @@ ECHO_TIMEOUT = 10.0  # seconds to wait for the watch to show our own write befor
 
 @dataclass
 class _Echo:
-    """Writes whose result the watch has not delivered yet: key → (resourceVersion we wrote, give-up time).
+    """Writes the watch has not shown us yet: key → (resourceVersion the cache had before the write, give-up time).
 
-    A watch delivers an object's versions in order, so once it shows the version we wrote, the cache is current
-    again; until then the cache is older than our write and must not trigger another one.
+    Any later event carries another version, and the watch delivers versions in order, so from then on the cache
+    includes our write (kopf may coalesce events, so waiting for our exact version could wait forever). Until then
+    the cache is older than our write and must not trigger another one. Not relying on the event alone, the
+    reconciler re-queues the key when the wait gives up.
     """
 
     pending: dict[ConfigKey, tuple[str | None, float]] = field(default_factory=dict)
 
-    def wrote(self, key: ConfigKey, resource_version: str | None) -> None:
-        self.pending[key] = (resource_version, time.monotonic() + ECHO_TIMEOUT)
+    def wrote(self, key: ConfigKey, version_before: str | None) -> None:
+        self.pending[key] = (version_before, time.monotonic() + ECHO_TIMEOUT)
 
     def seen(self, key: ConfigKey, resource_version: str | None) -> None:
-        if key in self.pending and self.pending[key][0] == resource_version:
+        if key in self.pending and self.pending[key][0] != resource_version:
             del self.pending[key]
 
     def waiting(self, key: ConfigKey) -> bool:
@@ -251,7 +253,7 @@ class Reconciler:
             log.info("creating DaemonSet %s/%s", key.namespace, key.daemonset)
             self._metrics.writes.labels("daemonset_create").inc()
             created = await self._api.create_daemonset(rendered)
-            self._ds_echo.wrote(key, created.get("metadata", {}).get("resourceVersion"))
+            self._wrote(self._ds_echo, key, None)
             return created
         drift = drifted_fields(rendered, live)
         if render_hash(live) == render_hash(rendered) and not drift:
@@ -270,7 +272,7 @@ class Reconciler:
         }
         self._metrics.writes.labels("daemonset_update").inc()
         replaced = await self._api.replace_daemonset(body)
-        self._ds_echo.wrote(key, replaced.get("metadata", {}).get("resourceVersion"))
+        self._wrote(self._ds_echo, key, live_meta.get("resourceVersion"))
         return replaced
 
     async def _write_status(self, key: ConfigKey, body: Mapping[str, Any], observed: Observed) -> str:
@@ -283,13 +285,17 @@ class Reconciler:
         patch.update(status)
         self._metrics.writes.labels("status").inc()
         try:
-            patched = await self._api.patch_status(key, patch)
+            await self._api.patch_status(key, patch)
         except ApiException as exc:
             if exc.status == 404:
                 return "unchanged"  # deleted meanwhile
             raise
-        self._status_echo.wrote(key, patched.get("metadata", {}).get("resourceVersion"))
+        self._wrote(self._status_echo, key, body["metadata"].get("resourceVersion"))
         return "changed"
+
+    def _wrote(self, echo: _Echo, key: ConfigKey, version_before: str | None) -> None:
+        echo.wrote(key, version_before)
+        asyncio.get_running_loop().call_later(ECHO_TIMEOUT + 0.1, self.enqueue, key)
 
 
 def _validation_message(exc: ValidationError) -> str:

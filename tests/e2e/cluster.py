@@ -84,6 +84,19 @@ class Cluster:
     kubeconfig: Path = field(default=Path())
     started: list[Proc] = field(default_factory=list)
     admin_ssl: ssl.SSLContext | None = None  # the admin client certificate, for direct API requests
+    audit_policy: Mapping[str, Any] | None = None  # opt-in: an audit.k8s.io/v1 Policy; events go to audit_log
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit events logged so far (one JSON object per line), oldest first."""
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     @property
     def server(self) -> str:
@@ -137,6 +150,10 @@ class Cluster:
             "--endpoint-reconciler-type=none",
             "--v=1",
         ]
+        if self.audit_policy is not None:
+            (w / "audit-policy.json").write_text(json.dumps(self.audit_policy))
+            args += [f"--audit-policy-file={w / 'audit-policy.json'}", f"--audit-log-path={self.audit_log}"]
+            args += ["--audit-log-format=json", "--audit-log-mode=blocking"]
         if not _has_default_route():
             # The apiserver derives its advertise address from the default-route interface and rejects loopback.
             # Nothing connects to it here; it only fills the `kubernetes` Service's endpoints.
