@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -91,7 +92,13 @@ def main() -> int:
         def daemonsets() -> int:
             return len(cluster.get_json("daemonsets", "-n", "bench")["items"])
 
-        wait_for(f"{args.configs} DaemonSets", lambda: daemonsets() == args.configs, procs=[op.proc], timeout=600)
+        wait_for(
+            f"{args.configs} DaemonSets",
+            lambda: daemonsets() == args.configs,
+            procs=[op.proc],
+            timeout=600,
+            interval=0.5,
+        )
         all_ds = time.monotonic() - start
 
         def ready() -> int:
@@ -103,7 +110,9 @@ def main() -> int:
                 for d in cluster.get_json("dpc", "-n", "bench")["items"]
             )
 
-        wait_for(f"{args.configs} configs Ready", lambda: ready() == args.configs, procs=[op.proc], timeout=900)
+        wait_for(
+            f"{args.configs} configs Ready", lambda: ready() == args.configs, procs=[op.proc], timeout=900, interval=1.0
+        )
         all_ready = time.monotonic() - start
         pods = len(cluster.get_json("pods", "-n", "bench")["items"])
         writes_total = len(op.writes())
@@ -122,6 +131,7 @@ def main() -> int:
     finally:
         cluster.stop()
         procs.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -54,24 +54,37 @@ class Observed:
 
 
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
-    """Why a plugin pod is failing, or None when it is fine or still starting normally."""
-    meta, spec, status = pod.get("metadata", {}), pod.get("spec", {}), pod.get("status") or {}
-    name, node = meta.get("name", "?"), spec.get("nodeName") or ""
+    """Why a plugin pod is failing, or None when it is fine or still starting normally. Tolerates any shape."""
+    meta, spec, status = _map(pod.get("metadata")), _map(pod.get("spec")), _map(pod.get("status"))
+    name, node = _text(meta.get("name")) or "?", _text(spec.get("nodeName"))
     if status.get("phase") == "Failed":
-        return PodProblem(name, node, status.get("reason") or "Failed", status.get("message") or "")
-    for cond in status.get("conditions") or []:
+        return PodProblem(name, node, _text(status.get("reason")) or "Failed", _text(status.get("message")))
+    for cond in map(_map, _list(status.get("conditions"))):
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return PodProblem(name, node, cond.get("reason") or "Unschedulable", cond.get("message") or "")
-    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
-        state = cs.get("state") or {}
-        waiting = state.get("waiting") or {}
+            return PodProblem(name, node, _text(cond.get("reason")) or "Unschedulable", _text(cond.get("message")))
+    for cs in map(_map, _list(status.get("initContainerStatuses")) + _list(status.get("containerStatuses"))):
+        state = _map(cs.get("state"))
+        waiting = _map(state.get("waiting"))
         if waiting.get("reason") in FAILING_WAIT_REASONS:
-            return PodProblem(name, node, waiting["reason"], waiting.get("message") or "")
-        terminated = state.get("terminated") or {}
-        if terminated and terminated.get("exitCode", 0) != 0:
-            reason = terminated.get("reason") or f"exit code {terminated.get('exitCode')}"
-            return PodProblem(name, node, reason, terminated.get("message") or "")
+            return PodProblem(name, node, _text(waiting["reason"]), _text(waiting.get("message")))
+        terminated = _map(state.get("terminated"))
+        code = terminated.get("exitCode", 0)
+        if terminated and code != 0:
+            reason = _text(terminated.get("reason")) or f"exit code {code}"
+            return PodProblem(name, node, reason, _text(terminated.get("message")))
     return None
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def compute_status(observed: Observed, previous: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
