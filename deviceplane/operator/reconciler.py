@@ -250,7 +250,10 @@ class Reconciler:
     ) -> dict[str, Any] | None:
         """Create or repair the DaemonSet; None when it already carries what we rendered (or our write is pending)."""
         if live is None:
-            log.info("creating DaemonSet %s/%s", key.namespace, key.daemonset)
+            affinity = rendered["spec"]["template"]["spec"].get("affinity")
+            log.info(
+                "creating DaemonSet %s/%s", key.namespace, key.daemonset, extra={"excludedNodes": _excluded(affinity)}
+            )
             self._metrics.writes.labels("daemonset_create").inc()
             created = await self._api.create_daemonset(rendered)
             self._wrote(self._ds_echo, key, None)
@@ -258,7 +261,14 @@ class Reconciler:
         drift = drifted_fields(rendered, live)
         if render_hash(live) == render_hash(rendered) and not drift:
             return None
-        log.info("updating DaemonSet %s/%s: %s", key.namespace, key.daemonset, ", ".join(drift[:5]) or "new rendering")
+        affinity = rendered["spec"]["template"]["spec"].get("affinity")
+        log.info(
+            "updating DaemonSet %s/%s: %s",
+            key.namespace,
+            key.daemonset,
+            ", ".join(drift[:5]) or "new rendering",
+            extra={"drift": drift[:20], "excludedNodes": _excluded(affinity)},
+        )
         live_meta = live["metadata"]
         body = {
             **rendered,
@@ -296,6 +306,11 @@ class Reconciler:
     def _wrote(self, echo: _Echo, key: ConfigKey, version_before: str | None) -> None:
         echo.wrote(key, version_before)
         asyncio.get_running_loop().call_later(ECHO_TIMEOUT + 0.1, self.enqueue, key)
+
+
+def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:
+    terms = (affinity or {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    return [v for t in terms.get("nodeSelectorTerms", []) for f in t.get("matchFields", []) for v in f["values"]]
 
 
 def _validation_message(exc: ValidationError) -> str:
