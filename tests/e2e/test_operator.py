@@ -306,6 +306,37 @@ def test_rollouts_drift_relabel_and_garbage_collection(operator: Operator, kwok_
     wait_for("the DaemonSet and its pods to be garbage-collected", gone, timeout=ROLLOUT)
 
 
+# ---- degraded: the status names the failing pod and why ----------------------------------------------------------
+
+
+def test_degraded_names_the_failing_pod_and_the_cause(operator: Operator, kwok_nodes, namespace: str) -> None:
+    cluster = operator.cluster
+    t = tag()
+    (node,) = kwok_nodes(1, prefix="small", labels={f"e2e-small-{t}": "1"}, taints=[])
+    # A plugin asking for more CPU than the node has: the scheduler leaves its pod Pending (Unschedulable).
+    cluster.apply(
+        dpc("hungry", namespace, f"example.com/hungry-{t}", nodeSelector={f"e2e-small-{t}": "1"},
+            resources={"requests": {"cpu": "64"}})
+    )  # fmt: skip
+
+    def degraded() -> bool:
+        c = condition(cluster, namespace, "hungry", "Degraded")
+        return c.get("status") == "True" and "Insufficient cpu" in c.get("message", "")
+
+    wait_for(
+        "Degraded naming the unschedulable pod",
+        degraded,
+        procs=[operator.proc] if operator.proc else [],
+        timeout=ROLLOUT,
+    )
+    message = condition(cluster, namespace, "hungry", "Degraded")["message"]
+    (pod,) = cluster.get_json("pods", "-n", namespace, "-l", "deviceplane.io/config=hungry")["items"]
+    assert pod["metadata"]["name"] in message and "Unschedulable" in message, message
+    assert condition(cluster, namespace, "hungry", "Ready")["status"] == "False"
+    delete_configs(cluster, namespace, "hungry")
+    assert node
+
+
 # ---- conflicts ---------------------------------------------------------------------------------------------
 
 
