@@ -186,6 +186,10 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
     assert not body["metadata"].get("finalizers"), "no finalizer may be left on a config"
     assert not any(k.startswith("kopf.") for k in body["metadata"].get("annotations", {})), body["metadata"]
 
+    # `kubectl explain` reads the generated descriptions.
+    assert "Whom the plugin registers with" in cluster.kubectl("explain", "dpc.spec.target")
+    assert "Healthy devices over all resources" in cluster.kubectl("explain", "nodedevices.status.healthyCount")
+
     # The other two examples are valid objects (server-side dry run: schema and CEL rules).
     for example in ("sim.yaml", "generic-device-plugin.yaml"):
         cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(EXAMPLES / example))
@@ -291,12 +295,32 @@ def test_rollouts_drift_relabel_and_garbage_collection(operator: Operator, kwok_
     wait_for("the operator to revert the hand edit", reverted, procs=[operator.proc], timeout=10)
     print(f"hand edit reverted after {time.monotonic() - edited:.2f} s")
 
-    # 4. Relabelling nodes moves the plugin pod.
+    # 4. Paused: a spec change leaves the DaemonSet alone (and says so); unpausing applies it.
+    cluster.kubectl(
+        "patch", "dpc", "roll", "-n", namespace, "--type=merge",
+        "-p", '{"spec":{"paused":true,"args":["plugin","sim","--count","3"]}}',
+    )  # fmt: skip
+    wait_for(
+        "Progressing=False/Paused",
+        lambda: condition(cluster, namespace, "roll", "Progressing").get("reason") == "Paused",
+        timeout=30,
+    )
+    time.sleep(2)
+    assert reverted(), "a paused config's DaemonSet changed"
+    cluster.kubectl("patch", "dpc", "roll", "-n", namespace, "--type=merge", "-p", '{"spec":{"paused":false}}')
+
+    def unpaused() -> bool:
+        ds = cluster.get_json("daemonset", ds_name, "-n", namespace)
+        return ds["spec"]["template"]["spec"]["containers"][0]["args"] == ["plugin", "sim", "--count", "3"]
+
+    wait_for("unpausing to apply the change", unpaused, procs=[operator.proc], timeout=30)
+
+    # 5. Relabelling nodes moves the plugin pod.
     cluster.kubectl("label", "node", first, f"{label}-")
     cluster.kubectl("label", "node", second, f"{label}=yes")
     wait_ready(cluster, operator, namespace, "roll", {second})
 
-    # 5. Deleting the config garbage-collects the DaemonSet and its pods.
+    # 6. Deleting the config garbage-collects the DaemonSet and its pods.
     cluster.kubectl("delete", "dpc", "roll", "-n", namespace, "--wait=true", "--timeout=60s")
 
     def gone() -> bool:
@@ -335,6 +359,31 @@ def test_degraded_names_the_failing_pod_and_the_cause(operator: Operator, kwok_n
     assert condition(cluster, namespace, "hungry", "Ready")["status"] == "False"
     delete_configs(cluster, namespace, "hungry")
     assert node
+
+    # A DaemonSet of the config's name that someone else made is left alone, and the status says so.
+    foreign = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "taken-plugin", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "foreign"}},
+            "template": {
+                "metadata": {"labels": {"app": "foreign"}},
+                "spec": {"nodeSelector": {"none": "none"}, "containers": [{"name": "c", "image": "foreign:1"}]},
+            },
+        },
+    }
+    cluster.apply(foreign)
+    cluster.apply(dpc("taken", namespace, f"example.com/taken-{t}"))
+    wait_for(
+        "Degraded=DaemonSetNotOurs",
+        lambda: condition(cluster, namespace, "taken", "Degraded").get("reason") == "DaemonSetNotOurs",
+        timeout=30,
+    )
+    assert "taken-plugin" in condition(cluster, namespace, "taken", "Degraded")["message"]
+    live = cluster.get_json("daemonset", "taken-plugin", "-n", namespace)
+    assert live["spec"]["template"]["spec"]["containers"][0]["image"] == "foreign:1"
+    assert not live["metadata"].get("ownerReferences")
 
 
 # ---- conflicts ---------------------------------------------------------------------------------------------
