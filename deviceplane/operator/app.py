@@ -70,10 +70,9 @@ def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
 def build(options: OperatorOptions) -> Operator:
     api = KubeApi(load_client(options.kubeconfig))
     view = IndexView()
-    reconciler_holder: list[Reconciler] = []
-    metrics = OperatorMetrics(lambda: list(reconciler_holder[0].statuses.values()) if reconciler_holder else [])
+    metrics = OperatorMetrics()
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
-    reconciler_holder.append(reconciler)
+    metrics.track_configs(lambda: list(reconciler.statuses.values()))
     registry = kopf.OperatorRegistry()
     install(registry, view, reconciler)
     return Operator(registry, settings_for(options), reconciler, metrics, options)

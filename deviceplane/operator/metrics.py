@@ -41,7 +41,7 @@ class ConfigsCollector(Collector):
 
 
 class OperatorMetrics:
-    def __init__(self, statuses: Callable[[], Iterable[Mapping[str, Any]]] = lambda: ()) -> None:
+    def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.reconciles = Counter(
             "deviceplane_operator_reconcile",
@@ -70,4 +70,7 @@ class OperatorMetrics:
             self.reconciles.labels(result)
         for kind in WRITE_KINDS:
             self.writes.labels(kind)
+
+    def track_configs(self, statuses: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+        """Export configs by condition from `statuses` (the reconciler's last computed ones) at scrape time."""
         self.registry.register(ConfigsCollector(statuses))

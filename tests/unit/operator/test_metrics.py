@@ -17,7 +17,8 @@ def test_promtool_clean_and_configs_by_condition() -> None:
         {"conditions": [{"type": "Ready", "status": "False"}, {"type": "Conflict", "status": "True"}]},
         {"conditions": [{"type": "Ready", "status": "True"}, {"type": "Bogus", "status": "True"}]},
     ]
-    metrics = OperatorMetrics(lambda: statuses)
+    metrics = OperatorMetrics()
+    metrics.track_configs(lambda: statuses)
     metrics.reconciles.labels("changed").inc()
     metrics.writes.labels("status").inc(2)
     metrics.failures.labels("api_error").inc()
