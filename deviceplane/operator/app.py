@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass
 
 import kopf
@@ -48,6 +50,8 @@ class Operator:
             clusterwide=not self.options.namespaces,
             namespaces=self.options.namespaces,
             liveness_endpoint=self.options.liveness,
+            # kopf would ask getpass for the user name, which fails for a uid without a passwd entry (the image's).
+            identity=f"deviceplane-operator@{socket.gethostname()}/{os.getpid()}",  # type: ignore[arg-type]  # kopf.Identity is not public
         )
 
 

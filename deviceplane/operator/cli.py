@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.log_level != "debug":
         # kopf logs every handler call at info; ours say what was decided.
         logging.getLogger("kopf").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # a line per health probe otherwise
     host, _, port = args.metrics_addr.rpartition(":")
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,
