@@ -25,10 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.cluster import Cluster, bin_dir  # noqa: E402
-from tests.e2e.conftest import AUDIT_SERVICE_ACCOUNT_WRITES  # noqa: E402
+from tests.e2e.cluster import AUDIT_SERVICE_ACCOUNT_WRITES, Cluster, bin_dir  # noqa: E402
+from tests.e2e.operator_proc import OPERATOR_USER, Operator  # noqa: E402
 from tests.e2e.procs import Procs, wait_for  # noqa: E402
-from tests.e2e.test_operator import OPERATOR_USER, Operator  # noqa: E402
 
 LABEL = "bench.deviceplane.io/group"
 

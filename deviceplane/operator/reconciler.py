@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -65,7 +65,7 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-ECHO_TIMEOUT = 10.0  # seconds to wait for the watch to show our own write before trusting the cache again
+ECHO_TIMEOUT = 5.0  # seconds to wait for the watch to show our own write before trusting the cache again
 
 
 @dataclass
@@ -255,9 +255,7 @@ class Reconciler:
                 "creating DaemonSet %s/%s", key.namespace, key.daemonset, extra={"excludedNodes": _excluded(affinity)}
             )
             self._metrics.writes.labels("daemonset_create").inc()
-            created = await self._api.create_daemonset(rendered)
-            self._wrote(self._ds_echo, key, None)
-            return created
+            return await self._write(self._ds_echo, key, None, self._api.create_daemonset(rendered))
         drift = drifted_fields(rendered, live)
         if render_hash(live) == render_hash(rendered) and not drift:
             return None
@@ -281,9 +279,9 @@ class Reconciler:
             },
         }
         self._metrics.writes.labels("daemonset_update").inc()
-        replaced = await self._api.replace_daemonset(body)
-        self._wrote(self._ds_echo, key, live_meta.get("resourceVersion"))
-        return replaced
+        return await self._write(
+            self._ds_echo, key, live_meta.get("resourceVersion"), self._api.replace_daemonset(body)
+        )
 
     async def _write_status(self, key: ConfigKey, body: Mapping[str, Any], observed: Observed) -> str:
         previous = body.get("status") or {}
@@ -295,17 +293,35 @@ class Reconciler:
         patch.update(status)
         self._metrics.writes.labels("status").inc()
         try:
-            await self._api.patch_status(key, patch)
+            await self._write(
+                self._status_echo, key, body["metadata"].get("resourceVersion"), self._api.patch_status(key, patch)
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return "unchanged"  # deleted meanwhile
             raise
-        self._wrote(self._status_echo, key, body["metadata"].get("resourceVersion"))
         return "changed"
 
-    def _wrote(self, echo: _Echo, key: ConfigKey, version_before: str | None) -> None:
+    async def _write(
+        self, echo: _Echo, key: ConfigKey, version_before: str | None, request: Awaitable[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Send a write, marking its echo as awaited first: the watch event may arrive before the response does."""
         echo.wrote(key, version_before)
-        asyncio.get_running_loop().call_later(ECHO_TIMEOUT + 0.1, self.enqueue, key)
+        try:
+            result = await request
+        except BaseException:
+            echo.forget(key)
+            raise
+        if _version(result) == version_before:
+            echo.forget(key)  # the write changed nothing (the cache was behind): no watch event will follow
+        else:
+            asyncio.get_running_loop().call_later(ECHO_TIMEOUT + 0.1, self.enqueue, key)
+        return result
+
+
+def _version(body: Mapping[str, Any]) -> str | None:
+    value = (body.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value is not None else None
 
 
 def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:

@@ -26,7 +26,16 @@ import pytest
 from tests.support.procs import free_port
 from tests.support.required import unavailable
 
-from .cluster import CONTROL_PLANE_BINARIES, REPO, Cluster, bin_dir, http_json, http_ok, missing_binaries
+from .cluster import (
+    AUDIT_SERVICE_ACCOUNT_WRITES,
+    CONTROL_PLANE_BINARIES,
+    REPO,
+    Cluster,
+    bin_dir,
+    http_json,
+    http_ok,
+    missing_binaries,
+)
 from .procs import Proc, Procs, wait_for
 
 KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # hard-coded in sample-device-plugin
@@ -82,23 +91,6 @@ def _session_process_check(procs: Procs) -> Iterator[None]:
 
 
 # ---- the cluster ---------------------------------------------------------------------------------------------
-
-
-# Mutating requests by service accounts (the control plane's own components use admin certificates): tests count
-# what an identity such as deviceplane's operator writes. Metadata level, so the log stays small.
-AUDIT_SERVICE_ACCOUNT_WRITES = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {
-            "level": "Metadata",
-            "userGroups": ["system:serviceaccounts"],
-            "verbs": ["create", "update", "patch", "delete", "deletecollection"],
-        },
-        {"level": "None"},
-    ],
-}
 
 
 @pytest.fixture(scope="package")

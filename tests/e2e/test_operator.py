@@ -10,70 +10,19 @@ every test also proves that RBAC is enough. One operator per module; the apiserv
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.procs import free_port
+from .cluster import REPO, Cluster, KubectlError
+from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
+from .procs import Procs, wait_for
 
-from .cluster import REPO, Cluster, KubectlError, http_ok
-from .procs import Proc, Procs, wait_for
-
-OPERATOR_USER = "system:serviceaccount:deviceplane-system:deviceplane-operator"
-OPERATOR_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:deviceplane-system")
 MANIFESTS = REPO / "manifests"
 EXAMPLES = MANIFESTS / "examples"
 ROLLOUT = 90  # seconds: scheduler + kwok + DaemonSet controller on a loaded 2-core machine
-
-
-@dataclass
-class Operator:
-    cluster: Cluster
-    procs: Procs
-    kubeconfig: Path
-    proc: Proc | None = None
-    metrics_url: str = ""
-
-    def start(self) -> None:
-        health, metrics = free_port(), free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "deviceplane",
-            "operator",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--liveness",
-            f"http://127.0.0.1:{health}/healthz",
-            "--metrics-addr",
-            f"127.0.0.1:{metrics}",
-        ]
-        self.proc = self.procs.start("deviceplane-operator", argv, cwd=REPO)
-        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-        wait_for(
-            "operator /healthz", lambda: http_ok(f"http://127.0.0.1:{health}/healthz"), procs=[self.proc], timeout=60
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.procs.stop(self.proc)
-            self.proc = None
-
-    def metric(self, name: str) -> float:
-        import urllib.request
-
-        with urllib.request.urlopen(self.metrics_url, timeout=5) as resp:
-            text = resp.read().decode()
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
-
-    def writes(self) -> list[dict[str, Any]]:
-        """Mutating requests the operator's identity sent, from the apiserver's audit log."""
-        return [e for e in self.cluster.audit_events() if e.get("user", {}).get("username") == OPERATOR_USER]
 
 
 @pytest.fixture(scope="module")
