@@ -14,7 +14,7 @@ RUN python3 -m venv /opt/deviceplane
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY deviceplane ./deviceplane
-RUN /opt/deviceplane/bin/pip install --no-cache-dir --disable-pip-version-check . \
+RUN /opt/deviceplane/bin/pip install --no-cache-dir --disable-pip-version-check ".[cluster,operator]" \
     && /opt/deviceplane/bin/python -m compileall -q /opt/deviceplane
 
 FROM ${BASE}

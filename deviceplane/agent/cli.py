@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from deviceplane import logs
+from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
@@ -42,8 +43,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pod-manifest-dir", type=Path, default=None, help="static pods, one Pod per file")
     parser.add_argument("--node-name", default=None, help="[hostname, or $NODE_NAME]")
-    parser.add_argument("--kubeconfig", type=Path, default=None)
+    parser.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        help="publish to this cluster [in-cluster config when $KUBERNETES_SERVICE_HOST is set, else standalone]",
+    )
     parser.add_argument("--standalone", action="store_true", help="no API server: nothing is published")
+    parser.add_argument(
+        "--require-apiserver",
+        action="store_true",
+        help="exit with an error if the API server cannot be reached at start [start anyway and keep retrying]",
+    )
+    parser.add_argument(
+        "--nodedevices-debounce",
+        type=duration,
+        default=NODEDEVICES_DEBOUNCE_SECONDS,
+        help="at most one NodeDevices write per this interval [1s]",
+    )
+    parser.add_argument(
+        "--nodedevices-max-devices",
+        type=int,
+        default=NODEDEVICES_MAX_DEVICES,
+        help="devices listed per resource in NodeDevices (counts stay exact) [128]",
+    )
     parser.add_argument("--topology-policy", choices=TOPOLOGY_POLICIES, default="none")
     parser.add_argument("--numa-nodes", type=int, default=None, help="[read from /sys/devices/system/node]")
     parser.add_argument(
@@ -77,16 +100,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="after start, how long an admission waits for its resources' plugins to register [10s]",
     )
+    parser.add_argument(
+        "--mode",
+        choices=("agent", "proxy"),
+        default="agent",
+        help="agent: allocate for a kubelet-less node; proxy: sit between the plugins and a real kubelet [agent]",
+    )
+    parser.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=Path("/var/lib/kubelet/device-plugins"),
+        help="proxy mode: the kubelet's device-plugin directory (its kubelet.sock) [%(default)s]",
+    )
+    parser.add_argument(
+        "--kubelet-pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        help="proxy mode: the kubelet's PodResources socket, polled for device owners [%(default)s]",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 
 
 def run(args: argparse.Namespace) -> int:
     from deviceplane.agent.app import AgentConfig, default_node_name, run_agent
+    from deviceplane.agent.kube.mode import in_cluster
 
     logs.setup(args.log_level, args.log_format == "json")
     if args.numa_nodes is not None and args.numa_nodes < 1:
         raise SystemExit("deviceplane agent: --numa-nodes must be at least 1")
+    if args.standalone and args.kubeconfig is not None:
+        raise SystemExit("deviceplane agent: --standalone and --kubeconfig exclude each other")
+    if args.standalone and args.require_apiserver:
+        raise SystemExit("deviceplane agent: --standalone and --require-apiserver exclude each other")
+    if args.nodedevices_max_devices < 0:
+        raise SystemExit("deviceplane agent: --nodedevices-max-devices must not be negative")
+    standalone = args.standalone or (args.kubeconfig is None and not in_cluster())
+    if standalone and args.require_apiserver:
+        raise SystemExit("deviceplane agent: --require-apiserver needs --kubeconfig or an in-cluster config")
     config = AgentConfig(
         plugin_dir=args.plugin_dir.absolute(),
         pod_resources_socket=args.pod_resources_socket.absolute(),
@@ -97,10 +148,15 @@ def run(args: argparse.Namespace) -> int:
         pod_manifest_dir=args.pod_manifest_dir,
         topology_policy=args.topology_policy,
         numa_nodes=args.numa_nodes,
-        standalone=args.standalone or args.kubeconfig is None,
+        standalone=standalone,
         kubeconfig=args.kubeconfig,
         dial_timeout=args.plugin_dial_timeout,
         allocate_timeout=args.allocate_timeout,
         startup_plugin_wait=args.startup_plugin_wait,
+        kubelet_dir=args.kubelet_dir.absolute() if args.mode == "proxy" else None,
+        kubelet_pod_resources_socket=args.kubelet_pod_resources_socket.absolute(),
+        require_apiserver=args.require_apiserver,
+        nodedevices_debounce=args.nodedevices_debounce,
+        nodedevices_max_devices=args.nodedevices_max_devices,
     )
     return asyncio.run(run_agent(config))

@@ -91,6 +91,12 @@ class PodDevices:
         # resource -> device -> number of entries holding it
         self._refs: dict[str, dict[str, int]] = {}
         self._count = 0
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever an allocation is added or removed: a cheap "anything new?" for publishers."""
+        return self._generation
 
     def __len__(self) -> int:
         """Number of (pod, container, resource) entries."""
@@ -108,6 +114,7 @@ class PodDevices:
             self._count += 1
         resources[allocation.resource] = allocation
         self._index(allocation)
+        self._generation += 1
 
     def remove_pod(self, pod_uid: str) -> list[Allocation]:
         containers = self._pods.pop(pod_uid, None)
@@ -117,6 +124,7 @@ class PodDevices:
         for allocation in removed:
             self._unindex(allocation)
         self._count -= len(removed)
+        self._generation += 1
         return removed
 
     def load(self, entries: Iterable[PodDevicesEntry]) -> int:

@@ -34,12 +34,6 @@ CONTROL_PLANE_BINARIES = (
     "kwok-stages.yaml",
 )
 KWOK_NODE_LABEL = "deviceplane.io/kwok"  # kwok manages nodes carrying this label (=true)
-# squat/generic-device-plugin is built only when pinned; no version of it can be pinned here (see tests/k8s/README.md).
-GDP_PINNED = (REPO / "tests/k8s/gdp/go.mod").exists()
-GDP_UNPINNED = (
-    "generic-device-plugin: the Go module proxy serves no version of github.com/squat/generic-device-plugin (403); "
-    "pin one in tests/k8s/gdp/go.mod to enable"
-)
 
 
 # Mutating requests by service accounts (the control plane's own components use admin certificates): tests count

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,7 +171,7 @@ def short_tmp() -> Iterator[Callable[[str], Path]]:
 @pytest.fixture
 def generic_device_plugin(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Proc]]:
     """Factory: start squat/generic-device-plugin (squat.ai/null: 4 x /dev/null) registering at
-    <plugin_dir>/kubelet.sock. Tests using it carry the GDP_PINNED skipif (see cluster.py)."""
+    <plugin_dir>/kubelet.sock. Built by `make k8s-bins` from its vendored source (tests/k8s/README.md)."""
     started: list[Proc] = []
 
     def start(plugin_dir: Path) -> Proc:
@@ -255,19 +255,21 @@ def kubelet_harness(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Harne
     """Factory: start the real kubelet device manager on <socket_dir>/kubelet.sock; returns a Harness client."""
     started: list[Proc] = []
 
-    def start(socket_dir: Path, *, numa_nodes: int = 1, policy: str = "none") -> Harness:
+    def start(
+        socket_dir: Path, *, numa_nodes: int = 1, policy: str = "none", pod_resources_socket: Path | None = None
+    ) -> Harness:
         exe = need_binary(k8s_bin, "kubelet-harness")
         port = free_port()
-        p = procs.start(
-            "kubelet-harness",
-            [
-                str(exe),
-                f"--socket-dir={socket_dir}",
-                f"--http=127.0.0.1:{port}",
-                f"--numa-nodes={numa_nodes}",
-                f"--topology-policy={policy}",
-            ],
-        )
+        argv = [
+            str(exe),
+            f"--socket-dir={socket_dir}",
+            f"--http=127.0.0.1:{port}",
+            f"--numa-nodes={numa_nodes}",
+            f"--topology-policy={policy}",
+        ]
+        if pod_resources_socket is not None:  # the kubelet's PodResources v1 server, over the real device manager
+            argv.append(f"--pod-resources-socket={pod_resources_socket}")
+        p = procs.start("kubelet-harness", argv)
         started.append(p)
         h = Harness(p, f"http://127.0.0.1:{port}", socket_dir)
         # The harness serves HTTP only after the device manager listens on <socket_dir>/kubelet.sock.
@@ -287,6 +289,7 @@ class Agent:
     proc: Proc
     url: str
     plugin_dir: Path
+    pod_resources_socket: Path | None = None
 
     def devices(self) -> dict[str, Any]:
         return dict(http_json(self.url + "/api/v1/devices"))
@@ -303,11 +306,20 @@ class Agent:
 
 @pytest.fixture
 def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterator[Callable[..., Agent]]:
-    """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent."""
+    """Factory: start `python -m deviceplane agent --standalone ...` on a fresh plugin dir; returns an Agent.
+    With `kubeconfig`, the agent publishes to that cluster as `node_name` instead of running standalone."""
     started: list[Proc] = []
 
-    def start(*, pod_manifest_dir: Path | None = None) -> Agent:
-        plugin_dir = short_tmp("dp-plugins")
+    def start(
+        *,
+        pod_manifest_dir: Path | None = None,
+        plugin_dir: Path | None = None,
+        kubeconfig: Path | None = None,
+        node_name: str | None = None,
+        extra: Sequence[str] = (),
+    ) -> Agent:
+        # plugin_dir: reuse one (an agent restarted after SIGKILL); extra: more flags (e.g. --mode proxy ...)
+        plugin_dir = plugin_dir or short_tmp("dp-plugins")
         pr_dir = short_tmp("dp-podres")
         port = free_port()
         argv = [
@@ -315,7 +327,9 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
             "-m",
             "deviceplane",
             "agent",
-            "--standalone",
+            *(["--kubeconfig", str(kubeconfig)] if kubeconfig is not None else ["--standalone"]),
+            *(["--node-name", node_name] if node_name is not None else []),
+            *extra,
             "--plugin-dir",
             str(plugin_dir),
             "--pod-resources-socket",
@@ -327,7 +341,7 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
             argv += ["--pod-manifest-dir", str(pod_manifest_dir)]
         p = procs.start("deviceplane-agent", argv, cwd=REPO)
         started.append(p)
-        agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir)
+        agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir, pr_dir / "kubelet.sock")
         # Ready means serving: the HTTP API and the registration socket <plugin_dir>/kubelet.sock.
         wait_for("deviceplane agent /readyz", lambda: http_ok(agent.url + "/readyz"), procs=[p], timeout=60)
         return agent

@@ -7,9 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from .cluster import GDP_PINNED, GDP_UNPINNED
 from .procs import wait_for
 
 
@@ -21,8 +18,6 @@ def _resource_with(agent, name: str, count: int):
     return check
 
 
-# The one deliberate skip, also under DEVICEPLANE_E2E=required: decided before any fixture starts a process.
-@pytest.mark.skipif(not GDP_PINNED, reason=GDP_UNPINNED)
 def test_generic_device_plugin_registers_with_agent(deviceplane_agent, generic_device_plugin) -> None:
     agent = deviceplane_agent()
     plugin = generic_device_plugin(agent.plugin_dir)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import time
 
-from .cluster import GDP_PINNED
 from .procs import Procs, is_loopback, listening_tcp, processes_in_groups, wait_for
 
 
@@ -19,8 +18,7 @@ def test_every_listener_is_loopback(
     # Bring up one of everything we run, next to the session's control plane.
     h = kubelet_harness(short_tmp("kh"))
     sample_device_plugin(h.socket_dir)
-    if GDP_PINNED:  # the one deliberate gap: see GDP_UNPINNED in cluster.py
-        generic_device_plugin(h.socket_dir)
+    generic_device_plugin(h.socket_dir)
     deviceplane_agent()
     wait_for(
         "the sample plugin to register with the harness", lambda: "example.com/resource" in h.capacity()["capacity"]

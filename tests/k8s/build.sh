@@ -3,7 +3,8 @@
 # shared/spec/k8s-test-env.md): kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, etcd, kwok, the upstream sample-device-plugin,
 # squat/generic-device-plugin (when its pin resolves), our kubelet
-# device-manager harness and our kubelet checkpoint peer.
+# device-manager harness and our kubelet checkpoint peer; squat/generic-device-plugin
+# from its vendored source (see build_gdp below).
 #
 # Binaries go to ${DEVICEPLANE_K8S_CACHE:-~/.cache/deviceplane/k8s}/<k8s-version>-<key>/bin,
 # where <key> hashes the wrapper modules (go.mod, go.sum), their Go sources and
@@ -27,10 +28,6 @@ k8s_version=$(modver "$here/go.mod" k8s.io/kubernetes)
 [ -n "$k8s_version" ] || die "cannot read the k8s.io/kubernetes version from $here/go.mod"
 etcd_version=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
 kwok_version=$(modver "$here/kwok/go.mod" sigs.k8s.io/kwok)
-gdp_version=""
-if [ -f "$here/gdp/go.mod" ]; then
-  gdp_version=$(modver "$here/gdp/go.mod" github.com/squat/generic-device-plugin)
-fi
 
 # Cache key: every input that changes what is built.
 key=$(cd "$here" && {
@@ -48,8 +45,49 @@ case "${1:-}" in
   *) die "unknown argument $1 (use --print-bin-dir or --force)" ;;
 esac
 
+# squat/generic-device-plugin: upstream source with vendored modules, shipped beside the checkout (the main
+# checkout's ../shared/third_party/generic-device-plugin; DEVICEPLANE_GDP_SRC overrides). Cached by a hash of that
+# source and the Go version, apart from the Kubernetes key (a new plugin version does not rebuild Kubernetes), then
+# copied into $bin, where the e2e fixtures look.
+gdp_src() {
+  local common
+  if [ -n "${DEVICEPLANE_GDP_SRC:-}" ]; then echo "$DEVICEPLANE_GDP_SRC"; return; fi
+  common=$(git -C "$here" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)
+  for d in "$here/../../../shared/third_party/generic-device-plugin" \
+           ${common:+"$common/../../shared/third_party/generic-device-plugin"}; do
+    if [ -f "$d/go.mod" ]; then (cd "$d" && pwd); return; fi
+  done
+}
+build_gdp() {
+  local src gkey gout
+  src=$(gdp_src)
+  if [ -z "$src" ]; then
+    [ "${DEVICEPLANE_E2E:-}" = required ] && die "generic-device-plugin source not found (set DEVICEPLANE_GDP_SRC)"
+    echo "k8s-bins: WARNING: generic-device-plugin source not found; its e2e tests will skip" >&2
+    return 0
+  fi
+  gkey=$( (cd "$src" && find . -type f ! -path './.git/*' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+           go env GOVERSION) | sha256sum | cut -c1-12)
+  gout="$cache_root/gdp-$gkey"
+  if [ ! -x "$gout/generic-device-plugin" ]; then
+    local t0; t0=$(date +%s)
+    echo "k8s-bins: building generic-device-plugin from $src ..."
+    mkdir -p "$gout"
+    (cd "$src" && GOFLAGS="-mod=vendor -buildvcs=false" go build -trimpath -ldflags "-s -w" -o "$gout/generic-device-plugin.partial" .) \
+      || die "building generic-device-plugin failed (in $src: GOFLAGS=-mod=vendor go build)"
+    mv "$gout/generic-device-plugin.partial" "$gout/generic-device-plugin"
+    echo "k8s-bins: built generic-device-plugin in $(( $(date +%s) - t0 ))s (key $gkey)"
+  fi
+  if ! cmp -s "$gout/generic-device-plugin" "$bin/generic-device-plugin"; then
+    cp "$gout/generic-device-plugin" "$bin/generic-device-plugin.partial"
+    mv "$bin/generic-device-plugin.partial" "$bin/generic-device-plugin"
+    echo "generic-device-plugin $src (key $gkey)" >> "$bin/VERSIONS"
+  fi
+}
+
 if [ "$force" = 0 ] && [ -f "$out/stamp" ]; then
   echo "k8s-bins: up to date: $bin (Kubernetes $k8s_version, key $key)"
+  if command -v go >/dev/null; then export GOTOOLCHAIN=local CGO_ENABLED=0; build_gdp; fi
   exit 0
 fi
 
@@ -110,24 +148,19 @@ for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat
   echo "---"
   cat "$kwok_dir/kustomize/stage/$f"
 done > "$tmp/kwok-stages.yaml"
-if [ -n "$gdp_version" ]; then
-  step "generic-device-plugin $gdp_version" "$here/gdp" -ldflags "-s -w" -o "$tmp/generic-device-plugin" github.com/squat/generic-device-plugin
-fi
 
 # Smoke: every binary runs and reports the pinned version.
-"$tmp/kube-apiserver" --version | grep -qx "Kubernetes ${k8s_version}" || die "kube-apiserver --version is not ${k8s_version}: $("$tmp/kube-apiserver" --version)"
-"$tmp/etcd" --version | grep -q "etcd Version: ${etcd_version#v}" || die "etcd --version is not ${etcd_version}"
+# (Output captured first: with pipefail, `cmd | grep -q` fails whenever grep exits before cmd has written everything.)
+v=$("$tmp/kube-apiserver" --version)
+grep -qx "Kubernetes ${k8s_version}" <<<"$v" || die "kube-apiserver --version is not ${k8s_version}: $v"
+v=$("$tmp/etcd" --version)
+grep -q "etcd Version: ${etcd_version#v}" <<<"$v" || die "etcd --version is not ${etcd_version}: $v"
 "$tmp/kwok" --version >/dev/null 2>&1 || die "kwok --version failed"
 
 {
   echo "kubernetes ${k8s_version}"
   echo "etcd ${etcd_version}"
   echo "kwok ${kwok_version}"
-  if [ -n "$gdp_version" ]; then
-    echo "generic-device-plugin ${gdp_version}"
-  else
-    echo "generic-device-plugin unavailable: no pin in tests/k8s/gdp/go.mod (the module proxy serves no resolvable version)"
-  fi
   echo "sample-device-plugin k8s.io/kubernetes/test/images/sample-device-plugin@${k8s_version}"
   echo "kubelet-harness deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@${k8s_version})"
   echo "checkpoint-peer deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint@${k8s_version})"
@@ -138,6 +171,7 @@ fi
 rm -rf "$bin"
 mv "$tmp" "$bin"
 date -u +%Y-%m-%dT%H:%M:%SZ > "$out/stamp"
+build_gdp
 # Keep the cache bounded (~500 MB a build): this build plus the 2 most recently built others.
 ls -1dt "$cache_root"/v*-*/ 2>/dev/null | grep -vxF "$out/" | tail -n +3 | while read -r old; do
   echo "k8s-bins: pruning old build ${old%/}"

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
+from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
+from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import device_plugin_stub
 from deviceplane.core.registry import Device, PluginOptions
 
 log = logging.getLogger("deviceplane.agent.plugin")
 
-SnapshotCallback = Callable[[Sequence[Device]], None]
-StreamEndCallback = Callable[[str], Awaitable[None]]
+MessageTap = Callable[[pb.ListAndWatchResponse], None]
 
 
 def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
@@ -23,21 +24,20 @@ def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
     return [Device(d.ID, d.health, tuple([n.ID for n in d.topology.nodes])) for d in devices]
 
 
-class PluginDialError(Exception):
-    pass
-
-
 class PluginClient:
-    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs."""
+    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs (a `PluginConnection`)."""
 
-    def __init__(self, resource: str, socket_path: str) -> None:
+    def __init__(self, resource: str, socket_path: str, on_message: MessageTap | None = None) -> None:
         self.resource = resource
         self.socket_path = socket_path
+        # Sees each ListAndWatch message as received, before it is turned into devices (proxy mode forwards it).
+        self._on_message = on_message
+        self._raw_calls: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
         # authority "localhost" as the kubelet's dialer; no proxies for unix sockets.
         self._channel = grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]
         )
-        self._stub = pb_grpc.DevicePluginStub(self._channel)
+        self._stub = device_plugin_stub(self._channel)
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -71,6 +71,8 @@ class PluginClient:
         try:
             # No deadline, as upstream: the stream lives as long as the plugin does.
             async for response in self._stub.ListAndWatch(pb.Empty()):
+                if self._on_message is not None:
+                    self._on_message(response)
                 on_snapshot(devices_from_proto(response.devices))
         except grpc.aio.AioRpcError as err:
             reason = f"ListAndWatch ended: {err.code().name}: {err.details()}"
@@ -103,11 +105,24 @@ class PluginClient:
     async def pre_start_container(self, device_ids: Sequence[str], timeout: float) -> None:
         await self._stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=timeout)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def call_raw(self, method: str, request: bytes, timeout: float | None) -> bytes:
+        """One unary DevicePlugin RPC (e.g. "Allocate") with request and response as wire bytes, so a proxy forwards
+        exactly what it got. Raises grpc.aio.AioRpcError with the plugin's status."""
+        call = self._raw_calls.get(method)
+        if call is None:
+            call = self._raw_calls[method] = self._channel.unary_unary(
+                f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None
+            )
+        return bytes(await call(request, timeout=timeout))
+
     async def close(self) -> None:
         """Stop the stream (without reporting it as a disconnect) and close the channel."""
         self._closed = True
         task, self._stream_task = self._stream_task, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
         await self._channel.close(None)

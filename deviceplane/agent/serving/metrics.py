@@ -11,12 +11,18 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deviceplane.agent.plugins.manager import DeviceEvent, DeviceManager
+from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.core.allocator import AllocationResult
+from deviceplane.core.names import is_extended_resource_name
+from deviceplane.core.registry import DeviceRegistry
+
+# Bound for hostile registrations: the counter keeps one series for all invalid names.
+INVALID_RESOURCE_LABEL = "<invalid>"
 
 
 class DeviceStateCollector(Collector):
-    def __init__(self, manager: DeviceManager, node: str, allocated: Callable[[str], int]) -> None:
-        self._manager = manager
+    def __init__(self, registry: DeviceRegistry, node: str, allocated: Callable[[str], int]) -> None:
+        self._registry = registry
         self._node = node
         self._allocated = allocated
 
@@ -34,7 +40,8 @@ class DeviceStateCollector(Collector):
             "1 while a device plugin for the resource is connected.",
             labels=["node", "resource_name"],
         )
-        for name, state in sorted(self._manager.registry.resources.items()):
+        for state in self._registry.statuses():
+            name = state.name
             for device_id in sorted(state.all_devices):
                 health.add_metric([self._node, name, device_id], 1.0 if device_id in state.healthy else 0.0)
             devices.add_metric([self._node, name, "healthy"], len(state.healthy))
@@ -48,36 +55,47 @@ class DeviceStateCollector(Collector):
 
 
 class AgentMetrics:
-    def __init__(self, manager: DeviceManager, node: str, allocated: Callable[[str], int] = lambda _r: 0) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    """The agent's Prometheus registry. `on_device_event` is a device listener (health transitions);
+    `allocated(resource)` counts the devices held, read at scrape time."""
+
+    def __init__(self, registry: DeviceRegistry, node: str, allocated: Callable[[str], int]) -> None:
+        self.prometheus = CollectorRegistry(auto_describe=True)
         self.node = node
         self.registration_total = Counter(
             "deviceplane_device_plugin_registration",
             "Cumulative number of device plugin registrations. Broken down by resource name.",
             ["resource_name"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
         self.alloc_duration = Histogram(
             "deviceplane_device_plugin_alloc_duration_seconds",
             "Duration in seconds to serve a device plugin Allocation request. Broken down by resource name.",
             ["resource_name"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
         self.allocations_total = Counter(
             "deviceplane_allocations",
-            "Container allocations by resource and result (success, or the failure kind).",
+            "Container allocations by resource and result: success per allocated container resource, or the failure "
+            "kind once per failed admission.",
             ["resource_name", "result"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
         self.health_transitions = Counter(
             "deviceplane_device_health_transitions",
             "Health changes reported by device plugins, per device.",
             ["node", "resource_name", "device_id"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
-        self.registry.register(DeviceStateCollector(manager, node, allocated))
-        manager.observers.append(self._on_event)
+        self.prometheus.register(DeviceStateCollector(registry, node, allocated))
 
-    def _on_event(self, event: DeviceEvent) -> None:
+    def count_registration(self, resource: str) -> None:
+        """Counted before validation, as upstream: rejected attempts show up too."""
+        label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
+        self.registration_total.labels(label).inc()
+
+    def count_allocation(self, resource: str, result: AllocationResult) -> None:
+        self.allocations_total.labels(resource, result.value).inc()
+
+    def on_device_event(self, event: DeviceEvent) -> None:
         for device_id in event.transitions:
             self.health_transitions.labels(self.node, event.resource, device_id).inc()

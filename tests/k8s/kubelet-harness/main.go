@@ -17,6 +17,8 @@
 //	                               devices at once (UpdateAllocatedDevices, which the
 //	                               kubelet runs on its next allocation)
 //	GET  /pods                 -> the active pods and their devices
+//
+// With --pod-resources-socket PATH it also serves the kubelet's real PodResources v1 API there (podresources.go).
 package main
 
 import (
@@ -343,6 +345,7 @@ func main() {
 	numaNodes := flag.Int("numa-nodes", 1, "number of NUMA nodes of the simulated machine (0..N-1)")
 	policy := flag.String("topology-policy", topologymanager.PolicyNone, "topology manager policy: none|best-effort|restricted|single-numa-node")
 	scope := flag.String("topology-scope", topologymanager.ContainerTopologyScope, "topology manager scope: container|pod")
+	podResourcesSocket := flag.String("pod-resources-socket", "", "serve the kubelet's PodResources v1 API on this unix socket (off when empty)")
 	flag.Parse()
 	logger := klog.Background()
 
@@ -381,6 +384,18 @@ func main() {
 	if err := dm.Start(logger, h.activePods, allReady{}, containermap.NewContainerMap(), sets.New[string]()); err != nil {
 		fmt.Fprintln(os.Stderr, "device manager start:", err)
 		os.Exit(1)
+	}
+
+	if *podResourcesSocket != "" {
+		prs, err := servePodResources(context.Background(), *podResourcesSocket, h)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pod resources:", err)
+			os.Exit(1)
+		}
+		defer func() {
+			prs.Stop()
+			_ = os.Remove(*podResourcesSocket)
+		}()
 	}
 
 	mux := http.NewServeMux()

@@ -1,0 +1,269 @@
+"""The agent's Kubernetes API access: client setup (kubeconfig or in-cluster) and the few blocking calls it makes.
+
+The official `kubernetes` client is used (DESIGN): the agent makes a handful of small requests (a status patch per
+change, one watch), so a blocking client called off the event loop (`off_loop`) costs nothing measurable and keeps
+the official client's auth plugins (exec, in-cluster token refresh for rotating bound tokens). Objects are read and
+written as plain dicts (`_preload_content=False`): no model (de)serialisation, and the pod parser sees exactly what
+the API server sent, as it sees static pod files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+from deviceplane.agent.kube.errors import KubeError, ResourceExpired
+
+GROUP = "deviceplane.io"
+VERSION = "v1alpha1"
+NODE_DEVICES_PLURAL = "nodedevices"
+FIELD_MANAGER = "deviceplane-agent"
+# (connect, read) seconds: a hung API server costs a request at most this long, and the agent's shutdown too.
+REQUEST_TIMEOUT = (5.0, 15.0)
+MERGE_PATCH = "application/merge-patch+json"
+WRITE_OPTIONS: dict[str, Any] = {
+    "field_manager": FIELD_MANAGER,
+    "_request_timeout": REQUEST_TIMEOUT,
+    "_preload_content": False,
+}
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+T = TypeVar("T")
+
+# The client's config loaders and line iterator carry no annotations: typed here once.
+_new_client_from_config: Callable[..., k8s.ApiClient] = k8s_config.new_client_from_config
+_load_incluster_config: Callable[..., None] = k8s_config.load_incluster_config
+_iter_resp_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
+
+
+def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
+    """A client from `kubeconfig`, or the in-cluster ServiceAccount (token re-read as the kubelet rotates it)."""
+    try:
+        if kubeconfig is not None:
+            return _new_client_from_config(config_file=str(kubeconfig), persist_config=False)
+        configuration = k8s.Configuration()
+        _load_incluster_config(client_configuration=configuration)
+        return k8s.ApiClient(configuration)
+    except (k8s_config.ConfigException, OSError, ValueError) as err:
+        where = str(kubeconfig) if kubeconfig is not None else "in-cluster config"
+        raise KubeError(f"cannot load {where}: {err}") from err
+
+
+def _describe(err: ApiException) -> str:
+    try:
+        message = json.loads(err.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return f"{err.status} {err.reason}: {message or (err.body or '')[:500]}"
+
+
+def _call(what: str, fn: Callable[[], T]) -> T:
+    """Run one request; any failure becomes a KubeError saying what was attempted."""
+    try:
+        return fn()
+    except ApiException as err:
+        raise KubeError(f"{what}: {_describe(err)}", err.status or 0) from err
+    except Exception as err:  # urllib3/ssl/socket errors: the server is unreachable or the connection broke
+        raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
+
+
+def _read(what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
+    """A GET: the object, or None when it does not exist."""
+    try:
+        response = _call(what, fn)
+    except KubeError as err:
+        if err.status == 404:
+            return None
+        raise
+    return dict(_json(response))
+
+
+def _write(what: str, fn: Callable[[], Any]) -> None:
+    _call(what, fn).release_conn()
+
+
+def _json(response: Any) -> Any:
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: dict[str, Any]
+
+
+class KubeApi:
+    """The blocking requests the agent makes. Call them through `off_loop`."""
+
+    def __init__(self, client: k8s.ApiClient) -> None:
+        self.client = client
+        # Any: every call is made with _preload_content=False and answers a raw urllib3 response, not the model
+        # its type hints name.
+        self.core: Any = k8s.CoreV1Api(client)
+        self.custom: Any = k8s.CustomObjectsApi(client)
+        self.host = str(client.configuration.host)
+
+    def version(self) -> str:
+        response = _call(
+            f"GET {self.host}/version",
+            lambda: k8s.VersionApi(self.client).get_code(_request_timeout=REQUEST_TIMEOUT, _preload_content=False),
+        )
+        return str(_json(response).get("gitVersion", "?"))
+
+    # -- nodes ------------------------------------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        return _read(
+            f"get node {name}",
+            lambda: self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False),
+        )
+
+    def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:
+        """A strategic merge patch of the Node's status: map keys not in `patch` are left alone."""
+        _write(
+            f"patch node {name} status",
+            lambda: self.core.patch_node_status(name, patch, _content_type=STRATEGIC_MERGE_PATCH, **WRITE_OPTIONS),
+        )
+
+    # -- NodeDevices ------------------------------------------------------------------------------------------------
+
+    def get_node_devices(self, name: str) -> dict[str, Any] | None:
+        return _read(
+            f"get nodedevices {name}",
+            lambda: self.custom.get_cluster_custom_object(
+                GROUP, VERSION, NODE_DEVICES_PLURAL, name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+            ),
+        )
+
+    def create_node_devices(self, body: dict[str, Any]) -> None:
+        _write(
+            f"create nodedevices {body['metadata']['name']}",
+            lambda: self.custom.create_cluster_custom_object(
+                GROUP, VERSION, NODE_DEVICES_PLURAL, body, **WRITE_OPTIONS
+            ),
+        )
+
+    def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> None:
+        _write(
+            f"patch nodedevices {name} status",
+            lambda: self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, NODE_DEVICES_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
+                **WRITE_OPTIONS,
+            ),
+        )  # fmt: skip
+
+    # -- pods and events --------------------------------------------------------------------------------------------
+
+    def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
+        """Every pod bound to `node`, and the list's resourceVersion (to watch from)."""
+        response = _call(
+            f"list pods on {node}",
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}",
+                _request_timeout=(REQUEST_TIMEOUT[0], 60.0),
+                _preload_content=False,
+            ),
+        )
+        body = _json(response)
+        return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
+
+    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+        """Changes to pods on `node` after `resource_version`, until the server ends the watch (timeout_seconds).
+
+        Raises ResourceExpired when the version is too old (410), KubeError on other errors."""
+        response = _call(
+            f"watch pods on {node}",
+            lambda: self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}",
+                watch=True,
+                allow_watch_bookmarks=True,
+                resource_version=resource_version,
+                timeout_seconds=timeout_seconds,
+                # The server sends bookmarks about once a minute; a silent connection for longer is a dead one.
+                _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + 90.0),
+                _preload_content=False,
+            ),
+        )
+        try:
+            for line in _call(f"watch pods on {node}", lambda: list_lines(response)):
+                event = decode_event(line, f"watch pods on {node}")
+                kind, obj = event["type"], event["object"]
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    message = f"watch pods on {node}: {code} {obj.get('reason')}: {obj.get('message')}"
+                    raise ResourceExpired(message, 410) if code == 410 else KubeError(message, code)
+                yield WatchEvent(str(kind), obj)
+        finally:
+            response.release_conn()
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        _write(
+            f"create event in {namespace}",
+            lambda: self.core.create_namespaced_event(
+                namespace, body, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+            ),
+        )
+
+
+def decode_event(line: str, what: str) -> dict[str, Any]:
+    """One watch event line: {"type": str, "object": dict}; anything else is a KubeError (the watch restarts)."""
+    try:
+        event = json.loads(line)
+    except ValueError as err:
+        raise KubeError(f"{what}: undecodable event: {err}") from None
+    if not (isinstance(event, dict) and isinstance(event.get("type"), str) and isinstance(event.get("object"), dict)):
+        raise KubeError(f"{what}: malformed event: {line[:200]}")
+    return event
+
+
+def list_lines(response: Any) -> Iterator[str]:
+    """The non-empty lines of a streamed response; read errors surface from the iteration (wrapped by `_call`)."""
+    return (line for line in _iter_resp_lines(response) if line)
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Run a blocking call in a daemon thread and await its result.
+
+    Not `asyncio.to_thread`: the default executor is joined when the loop closes, so a request hanging on an
+    unreachable server would hold up the agent's exit; a daemon thread is simply left behind (it ends with its
+    request's timeout)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def target() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as err:
+            _post(loop, settle, None, err)
+        else:
+            _post(loop, settle, result, None)
+
+    threading.Thread(target=target, name=f"kube:{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return await future
+
+
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting any more
+        loop.call_soon_threadsafe(fn, *args)

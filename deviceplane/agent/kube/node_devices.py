@@ -1,0 +1,145 @@
+"""`NodeDevices/<node>`: the agent's devices view (the model of `/api/v1/devices`) in the cluster.
+
+The object is named after the node and owned by its Node, so deleting the Node garbage-collects it. Its status is
+written with a merge patch on the status subresource:
+- debounced: at most one write per `debounce` interval, so a flapping device costs one write per interval, not one
+  per flap. Device events wake the publisher; allocation changes are noticed by polling a cheap generation counter
+  once per interval (building the status costs ~20 ms for 10 x 1,000 devices, benchmarks/nodedevices.py);
+- skipped when nothing but the heartbeat would change; a heartbeat write every `heartbeat` seconds says the agent
+  is alive;
+- bounded: at most `max_devices` devices listed per resource (`devicesTruncated` says so), counts stay exact.
+A failed write is retried with backoff with the newest state; a missing object (first start, or collected after
+its Node was re-created) is created again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from deviceplane.agent.kube.backoff import Backoff
+from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi, off_loop
+from deviceplane.agent.kube.errors import KubeError
+from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
+from deviceplane.api.models import DevicesStatus
+
+log = logging.getLogger("deviceplane.kube.node_devices")
+
+HEARTBEAT_SECONDS = 60.0
+
+
+def without_heartbeat(status: dict[str, Any]) -> dict[str, Any]:
+    agent = {k: v for k, v in (status.get("agent") or {}).items() if k != "lastHeartbeatTime"}
+    return {**status, "agent": agent}
+
+
+def node_devices_object(node: dict[str, Any]) -> dict[str, Any]:
+    name = node["metadata"]["name"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "NodeDevices",
+        "metadata": {
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "deviceplane-agent"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]},
+            ],
+        },
+        "spec": {"nodeName": name},
+    }
+
+
+class NodeDevicesPublisher:
+    def __init__(
+        self,
+        api: KubeApi,
+        node: str,
+        status: Callable[[int], DevicesStatus],
+        allocations: Callable[[], int] = lambda: 0,
+        debounce: float = NODEDEVICES_DEBOUNCE_SECONDS,
+        heartbeat: float = HEARTBEAT_SECONDS,
+        max_devices: int = NODEDEVICES_MAX_DEVICES,
+        backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.status = status
+        self.allocations = allocations
+        self.debounce = debounce
+        self.heartbeat = heartbeat
+        self.max_devices = max_devices
+        self.backoff = backoff or Backoff()
+        self.clock = clock
+        self.published = False
+        self.writes = 0
+        self._exists = False
+        self._written: dict[str, Any] | None = None  # last written status, heartbeat left out
+        self._written_at = float("-inf")
+        self._allocations_seen: int | None = None
+        self._wake = asyncio.Event()
+
+    def changed(self, *_args: object) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        last_attempt = float("-inf")
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.debounce)
+            heartbeat_due = self.clock() - self._written_at >= self.heartbeat
+            if not (self._wake.is_set() or heartbeat_due or self.allocations() != self._allocations_seen):
+                continue
+            wait = last_attempt + self.debounce - self.clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._wake.clear()
+            self._allocations_seen = self.allocations()
+            status = self.status(self.max_devices).model_dump(mode="json")
+            content = without_heartbeat(status)
+            if content == self._written and self.clock() - self._written_at < self.heartbeat:
+                continue
+            last_attempt = self.clock()
+            try:
+                await self._write(status)
+            except KubeError as err:
+                delay = self.backoff.delay()
+                log.warning("cannot publish NodeDevices; retrying", extra={"error": str(err), "retry_in": delay})
+                await asyncio.sleep(delay)
+                self._wake.set()
+                continue
+            self.backoff.reset()
+            self._written = content
+            self._written_at = self.clock()
+            self.published = True
+            self.writes += 1
+
+    async def _write(self, status: dict[str, Any]) -> None:
+        if not self._exists:
+            await self._ensure_object()
+        try:
+            await off_loop(self.api.patch_node_devices_status, self.node, status)
+        except KubeError as err:
+            if err.status == 404:
+                self._exists = False  # deleted meanwhile (its Node re-created, or by hand): create it again
+            raise
+
+    async def _ensure_object(self) -> None:
+        if await off_loop(self.api.get_node_devices, self.node) is None:
+            node = await off_loop(self.api.get_node, self.node)
+            if node is None:
+                raise KubeError(f"node {self.node} does not exist: NodeDevices/{self.node} needs it as its owner", 404)
+            try:
+                await off_loop(self.api.create_node_devices, node_devices_object(node))
+            except KubeError as err:
+                if err.status != 409:  # 409: created meanwhile, fine
+                    raise
+            log.info("NodeDevices created", extra={"node": self.node})
+        self._exists = True
+
+    def ready(self) -> str | None:
+        return None if self.published else "NodeDevices not published yet"

@@ -1,0 +1,118 @@
+"""One proxy endpoint: a socket in the kubelet's device-plugin directory serving a resource's forwarder, and its
+registration with the kubelet's `kubelet.sock`."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import grpc
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.typed_grpc import registration_stub
+from deviceplane.core.constants import VERSION
+from deviceplane.core.registry import PluginOptions
+
+log = logging.getLogger("deviceplane.agent.proxy")
+
+SOCKET_PREFIX = "deviceplane-proxy-"
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, NUL included
+SocketIdentity = tuple[int, int]  # (inode, ctime): a re-created socket differs
+
+
+def socket_identity(path: Path) -> SocketIdentity | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_ino, info.st_ctime_ns
+
+
+def endpoint_name(resource: str, directory: Path) -> str:
+    """The socket file name of a resource's proxy endpoint: stable, so a restarted agent replaces its own. Readable
+    when the path fits a unix socket address (107 bytes), else a hash of the resource name."""
+    name = SOCKET_PREFIX + resource.replace("/", "_") + ".sock"
+    if len(os.fsencode(directory / name)) > MAX_SOCKET_PATH:
+        name = SOCKET_PREFIX + hashlib.sha256(resource.encode()).hexdigest()[:16] + ".sock"
+    return name
+
+
+def remove_stale_endpoints(kubelet_dir: Path) -> list[str]:
+    """A previous agent's proxy sockets (after SIGKILL nobody removed them)."""
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in kubelet_dir.iterdir():
+            if entry.name.startswith(SOCKET_PREFIX) and entry.is_socket():
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+                    removed.append(entry.name)
+    return removed
+
+
+class ProxyEndpoint:
+    def __init__(self, resource: str, kubelet_dir: Path, handler: grpc.GenericRpcHandler[bytes, bytes]) -> None:
+        self.resource = resource
+        self.name = endpoint_name(resource, kubelet_dir)
+        self.socket_path = kubelet_dir / self.name
+        self._handler = handler
+        self._server: grpc.aio.Server | None = None
+        self._identity: SocketIdentity | None = None
+        # The kubelet.sock (identity) this endpoint is registered with; None until registered, and after re-serving.
+        self._registered_with: SocketIdentity | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    def registered_with(self, kubelet: SocketIdentity) -> bool:
+        return self._registered_with == kubelet
+
+    async def ensure_serving(self) -> bool:
+        """Serve on the socket; when the socket is gone or replaced (the kubelet deletes every socket in its
+        directory when it starts), serve anew. True when it (re)started."""
+        if self._server is not None and socket_identity(self.socket_path) == self._identity:
+            return False
+        await self._stop_server()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((self._handler,))
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        self._identity = socket_identity(self.socket_path)
+        self._registered_with = None
+        return True
+
+    async def register(
+        self, kubelet_socket: Path, kubelet: SocketIdentity, options: PluginOptions, timeout: float
+    ) -> None:
+        """RegisterRequest to the kubelet (whose socket has identity `kubelet`) with the plugin's own options; the
+        kubelet dials back within the call."""
+        request = pb.RegisterRequest(
+            version=VERSION,
+            endpoint=self.name,
+            resource_name=self.resource,
+            options=pb.DevicePluginOptions(
+                pre_start_required=options.pre_start_required,
+                get_preferred_allocation_available=options.get_preferred_allocation_available,
+            ),
+        )
+        async with grpc.aio.insecure_channel(
+            f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]
+        ) as channel:
+            await registration_stub(channel).Register(request, timeout=timeout)
+        self._registered_with = kubelet
+
+    async def _stop_server(self) -> None:
+        if self._server is not None:
+            await self._server.stop(grace=None)
+            self._server = None
+
+    async def close(self) -> None:
+        await self._stop_server()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()

@@ -1,0 +1,105 @@
+"""The DevicePlugin service a proxy endpoint serves to the kubelet, for one resource.
+
+Unary RPCs go to the resource's primary plugin connection as wire bytes: same request, and the same response or the
+same gRPC status code and details. The kubelet's deadline, if it set one, travels with the call (it has none for
+Allocate and GetPreferredAllocation, 30 s for PreStartContainer). ListAndWatch streams the resource's feed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import grpc
+
+from deviceplane.agent.plugins.plugin_client import PluginClient
+from deviceplane.agent.proxy.feed import SnapshotFeed
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.typed_grpc import Context
+from deviceplane.core.registry import PluginOptions
+
+log = logging.getLogger("deviceplane.agent.proxy")
+
+SERVICE = "v1beta1.DevicePlugin"
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardedCall:
+    """One forwarded RPC, for metrics and the ownership join."""
+
+    resource: str
+    method: str
+    request: bytes
+    seconds: float
+    code: grpc.StatusCode
+    reached_plugin: bool = True  # False: no plugin was connected to forward to
+
+
+class ResourceForwarder:
+    def __init__(
+        self,
+        resource: str,
+        feed: SnapshotFeed,
+        plugin: Callable[[str], PluginClient | None],
+        options: Callable[[str], PluginOptions | None],
+        on_call: Callable[[ForwardedCall], None],
+    ) -> None:
+        self._resource = resource
+        self._feed = feed
+        self._plugin = plugin
+        self._options = options
+        self._on_call = on_call
+
+    def handler(self) -> grpc.GenericRpcHandler[bytes, bytes]:
+        # No (de)serializers: handlers get and return wire bytes.
+        unary = {
+            name: grpc.unary_unary_rpc_method_handler(self._unary(name))
+            for name in ("GetDevicePluginOptions", "Allocate", "GetPreferredAllocation", "PreStartContainer")
+        }
+        stream = {"ListAndWatch": grpc.unary_stream_rpc_method_handler(self._list_and_watch)}
+        return grpc.method_handlers_generic_handler(SERVICE, {**unary, **stream})
+
+    def _unary(self, method: str) -> Callable[[bytes, Context], Awaitable[bytes]]:
+        async def forward(request: bytes, context: Context) -> bytes:
+            return await self._forward(method, request, context)
+
+        return forward
+
+    async def _forward(self, method: str, request: bytes, context: Context) -> bytes:
+        start = time.perf_counter()
+        client = self._plugin(self._resource)
+        if client is None:
+            if method == "GetDevicePluginOptions":
+                # Between a plugin's restart and its re-registration the kubelet may ask (it re-registers us): the
+                # options the plugin last gave are the answer it would give.
+                return self._last_options()
+            self._record(method, request, start, grpc.StatusCode.UNAVAILABLE, reached_plugin=False)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"no device plugin connected for {self._resource}")
+        assert client is not None
+        try:
+            response = await client.call_raw(method, request, context.time_remaining())
+        except grpc.aio.AioRpcError as err:
+            self._record(method, request, start, err.code())
+            await context.abort(err.code(), err.details() or "")
+        self._record(method, request, start, grpc.StatusCode.OK)
+        return response
+
+    def _last_options(self) -> bytes:
+        options = self._options(self._resource) or PluginOptions()
+        return pb.DevicePluginOptions(
+            pre_start_required=options.pre_start_required,
+            get_preferred_allocation_available=options.get_preferred_allocation_available,
+        ).SerializeToString()
+
+    def _record(
+        self, method: str, request: bytes, start: float, code: grpc.StatusCode, reached_plugin: bool = True
+    ) -> None:
+        seconds = time.perf_counter() - start
+        self._on_call(ForwardedCall(self._resource, method, request, seconds, code, reached_plugin))
+
+    async def _list_and_watch(self, _request: bytes, _context: Context) -> AsyncIterator[bytes]:
+        log.info("kubelet follows ListAndWatch", extra={"resource": self._resource})
+        async for wire in self._feed.follow():
+            yield wire

@@ -1,0 +1,82 @@
+"""Everything proxy mode adds to the agent, built in one constructor (the composition root wires it in a few lines):
+the connector the device manager makes its plugin connections with, the proxy endpoints, the plugin record used at
+restart, and the counting of forwarded Allocate calls."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.proxy.forwarder import ForwardedCall
+from deviceplane.agent.proxy.ownership import Ownership
+from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
+from deviceplane.agent.proxy.service import ProxyConnector, ProxyService
+from deviceplane.agent.serving.metrics import AgentMetrics
+from deviceplane.agent.tasks import TaskFactory
+from deviceplane.core.allocator import AllocationResult
+from deviceplane.core.registry import DeviceRegistry
+
+log = logging.getLogger("deviceplane.agent.proxy")
+
+# A forwarded Allocate's status as the agent's allocation result label (the same label set as in agent mode).
+_RESULTS = {
+    grpc.StatusCode.OK: AllocationResult.SUCCESS,
+    grpc.StatusCode.DEADLINE_EXCEEDED: AllocationResult.TIMEOUT,
+}
+
+
+class ProxyMode:
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        plugin_dir: Path,
+        kubelet_dir: Path,
+        ownership: Ownership,
+        metrics: AgentMetrics,
+    ) -> None:
+        self._plugin_dir = plugin_dir
+        self._ownership = ownership
+        self._metrics = metrics
+        self._record = PluginRecord(plugin_dir)
+        # The device manager makes its plugin connections with this connector.
+        self.connector = ProxyConnector()
+        self._service = ProxyService(registry, self.connector, kubelet_dir, self._on_call)
+
+    def on_device_event(self, event: DeviceEvent) -> None:
+        """Device listener: the kubelet's feed follows at once, and the plugin record is kept current."""
+        self._service.on_device_event(event)
+        self._record.save(self._service.connected_plugins())
+
+    async def recover(self, register: Callable[[str, str], Awaitable[None]]) -> list[str]:
+        """At start, instead of removing every socket: keep and re-dial the recorded plugins (the other stale
+        sockets, and stale proxy endpoints, are removed). Returns the removed socket names."""
+        recorded = self._record.load()
+        removed = remove_stale_sockets(self._plugin_dir, keep=set(recorded.values()))
+        removed += self._service.remove_stale_endpoints()
+        back = await reconnect(recorded, register)
+        if recorded:
+            log.info("reconnected recorded plugins", extra={"resources": back, "recorded": sorted(recorded)})
+        return removed
+
+    def tasks(self) -> list[tuple[str, TaskFactory]]:
+        return [("proxy-endpoints", self._service.run), ("proxy-ownership", self._ownership.run)]
+
+    async def stop(self) -> None:
+        """Close the proxy endpoints (after the tasks stopped): the kubelet sees their streams end at once."""
+        await self._service.close()
+
+    def _on_call(self, call: ForwardedCall) -> None:
+        if call.method != "Allocate":
+            return
+        if not call.reached_plugin:
+            result = AllocationResult.NO_ENDPOINT
+        else:
+            result = _RESULTS.get(call.code, AllocationResult.RPC_ERROR)
+        if result is AllocationResult.SUCCESS:
+            self._ownership.allocated(call.resource, call.request)
+        self._metrics.alloc_duration.labels(call.resource).observe(call.seconds)
+        self._metrics.allocations_total.labels(call.resource, result.value).inc()

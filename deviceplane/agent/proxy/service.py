@@ -1,0 +1,218 @@
+"""Proxy mode's moving parts behind one start/stop: a proxy endpoint per resource whose plugin ever connected,
+kept registered with the kubelet across restarts on every side, and the kubelet's ownership view.
+
+- Kubelet restart: it deletes every socket in its directory and re-creates `kubelet.sock`. A tick notices (both the
+  proxy socket and kubelet.sock have new identities), serves the socket again and registers every resource.
+- Plugin restart: the plugin re-registers with the agent; its new connection becomes the resource's primary and
+  its first message replaces the old one in the feed. The kubelet's stream never ends, so it never disconnects.
+- Agent restart: stale proxy sockets are removed; plugins re-register (the agent re-created its kubelet.sock), and
+  each resource is proxied and registered again. The kubelet's checkpoint keeps what it allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.plugins.plugin_client import PluginClient
+from deviceplane.agent.proxy.endpoint import ProxyEndpoint, SocketIdentity, remove_stale_endpoints, socket_identity
+from deviceplane.agent.proxy.feed import SnapshotFeed
+from deviceplane.agent.proxy.forwarder import ForwardedCall, ResourceForwarder
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.core.constants import KUBELET_SOCKET_NAME
+from deviceplane.core.registry import DeviceRegistry, PluginOptions
+
+log = logging.getLogger("deviceplane.agent.proxy")
+
+TICK_SECONDS = 0.1  # how fast a kubelet restart is noticed (re-registration within 1 s)
+REGISTER_TIMEOUT_SECONDS = 10.0
+REGISTER_RETRY_SECONDS = 0.5
+
+
+class ProxyConnector:
+    """Makes the device manager's plugin connections (a `PluginConnector`), so it knows each one: the latest raw
+    ListAndWatch message of each, and which is current for a (resource, socket) - the newest not closed, since the
+    manager closes a connection as soon as it is replaced, fails to connect, or its stream ends."""
+
+    def __init__(self) -> None:
+        self._latest: weakref.WeakKeyDictionary[PluginClient, pb.ListAndWatchResponse] = weakref.WeakKeyDictionary()
+        self._made: dict[tuple[str, str], list[weakref.ref[PluginClient]]] = {}
+
+    def __call__(self, resource: str, socket_path: str) -> PluginClient:
+        ref: list[weakref.ref[PluginClient]] = []
+
+        def record(message: pb.ListAndWatchResponse) -> None:
+            client = ref[0]()
+            if client is not None:
+                self._latest[client] = message
+
+        client = PluginClient(resource, socket_path, on_message=record)
+        ref.append(weakref.ref(client))
+        made = self._made.setdefault((resource, socket_path), [])
+        made[:] = [r for r in made if (c := r()) is not None and not c.closed]
+        made.append(ref[0])
+        return client
+
+    def current(self, resource: str, socket_path: str) -> PluginClient | None:
+        for ref in reversed(self._made.get((resource, socket_path), [])):
+            client = ref()
+            if client is not None and not client.closed:
+                return client
+        return None
+
+    def latest(self, client: PluginClient | None) -> pb.ListAndWatchResponse | None:
+        return self._latest.get(client) if client is not None else None
+
+
+class ProxyService:
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        connector: ProxyConnector,
+        kubelet_dir: Path,
+        on_call: Callable[[ForwardedCall], None],
+        register_timeout: float = REGISTER_TIMEOUT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._registry = registry
+        self._connector = connector
+        self._kubelet_dir = kubelet_dir
+        self._kubelet_socket = kubelet_dir / KUBELET_SOCKET_NAME
+        self._on_call = on_call
+        self._register_timeout = register_timeout
+        self._clock = clock
+        self._feeds: dict[str, SnapshotFeed] = {}
+        self._endpoints: dict[str, ProxyEndpoint] = {}
+        self._retry_at: dict[str, float] = {}
+        self._errors: dict[str, tuple[str, str]] = {}  # the last failure logged per resource
+
+    # -- what the kubelet sees ----------------------------------------------------------------------------------------
+
+    def plugin(self, resource: str) -> PluginClient | None:
+        """The resource's primary plugin connection, while it is connected."""
+        endpoint = self._registry.primary_endpoint(resource)
+        if endpoint is None or endpoint.socket_path is None or endpoint.is_stopped:
+            return None
+        return self._connector.current(resource, endpoint.socket_path)
+
+    def options(self, resource: str) -> PluginOptions | None:
+        endpoint = self._registry.primary_endpoint(resource)
+        return endpoint.options if endpoint is not None else None
+
+    def on_device_event(self, event: DeviceEvent) -> None:
+        """Device listener: after any change of a resource, its feed shows the new state at once."""
+        self._show(event.resource)
+
+    def _show(self, resource: str) -> None:
+        feed = self._feeds.get(resource)
+        state = self._registry.resource(resource)
+        if feed is not None and state is not None:
+            feed.show(self._connector.latest(self.plugin(resource)), state.connected)
+
+    def connected_plugins(self) -> dict[str, str]:
+        """Resource -> socket of its connected primary plugin (what an agent restart reconnects to)."""
+        return {
+            state.name: state.primary.socket_path
+            for state in self._registry.statuses()
+            if state.connected and state.primary is not None and state.primary.socket_path is not None
+        }
+
+    def _wanted(self) -> list[str]:
+        """Resources a plugin connected for (not a checkpoint's placeholder) and not yet deleted."""
+        return [
+            state.name
+            for state in self._registry.statuses()
+            if state.primary is not None and state.primary.socket_path is not None
+        ]
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------------
+
+    def remove_stale_endpoints(self) -> list[str]:
+        """A previous agent's proxy sockets in the kubelet's directory (after SIGKILL nobody removed them)."""
+        return remove_stale_endpoints(self._kubelet_dir)
+
+    async def close(self) -> None:
+        for name in list(self._endpoints):
+            await self._drop(name)
+
+    async def run(self) -> None:
+        """Runs until cancelled: keeps every wanted endpoint served and registered with the kubelet."""
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:  # one bad tick must not end proxying
+                log.exception("proxy reconcile failed")
+            await asyncio.sleep(TICK_SECONDS)
+
+    async def reconcile(self) -> None:
+        wanted = self._wanted()
+        for name in [n for n in self._endpoints if n not in wanted]:
+            await self._drop(name)
+        for name in wanted:
+            endpoint = self._endpoints.get(name)
+            if endpoint is None:
+                endpoint = self._add(name)
+            if self._clock() < self._retry_at.get(name, 0.0):
+                continue
+            try:
+                if await endpoint.ensure_serving():
+                    log.info("proxy endpoint serving", extra={"resource": name, "socket": str(endpoint.socket_path)})
+            except (OSError, RuntimeError) as err:  # e.g. the kubelet's directory is not writable: others go on
+                self._failed(name, "cannot serve the proxy endpoint", str(err))
+                continue
+            self._show(name)
+        kubelet = socket_identity(self._kubelet_socket)
+        if kubelet is None:
+            return  # the kubelet is not (yet) serving; its socket's appearance triggers registration
+        due = [
+            (name, endpoint)
+            for name, endpoint in self._endpoints.items()
+            if endpoint.serving
+            and not endpoint.registered_with(kubelet)
+            and self._clock() >= self._retry_at.get(name, 0.0)
+        ]
+        # Concurrently: one resource the kubelet is slow to accept does not hold up the others.
+        await asyncio.gather(*(self._register(name, endpoint, kubelet) for name, endpoint in due))
+
+    async def _register(self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity) -> None:
+        try:
+            options = self.options(name) or PluginOptions()
+            await endpoint.register(self._kubelet_socket, kubelet, options, self._register_timeout)
+        except grpc.aio.AioRpcError as err:
+            self._failed(name, "registration with the kubelet failed", f"{err.code().name}: {err.details()}")
+            return
+        self._errors.pop(name, None)
+        log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name})
+
+    def _failed(self, name: str, what: str, error: str) -> None:
+        """Retry later; log once per distinct failure (a missing kubelet must not flood the log every tick)."""
+        self._retry_at[name] = self._clock() + REGISTER_RETRY_SECONDS
+        if self._errors.get(name) != (what, error):
+            self._errors[name] = (what, error)
+            log.warning(what, extra={"resource": name, "error": error})
+
+    def _add(self, name: str) -> ProxyEndpoint:
+        feed = self._feeds[name] = SnapshotFeed()
+        forwarder = ResourceForwarder(name, feed, self.plugin, self.options, self._on_call)
+        endpoint = self._endpoints[name] = ProxyEndpoint(name, self._kubelet_dir, forwarder.handler())
+        return endpoint
+
+    async def _drop(self, name: str) -> None:
+        feed = self._feeds.pop(name, None)
+        if feed is not None:
+            feed.close()
+        endpoint = self._endpoints.pop(name, None)
+        self._retry_at.pop(name, None)
+        self._errors.pop(name, None)
+        if endpoint is not None:
+            with contextlib.suppress(Exception):
+                await endpoint.close()
+            log.info("proxy endpoint removed", extra={"resource": name})

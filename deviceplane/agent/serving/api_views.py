@@ -1,0 +1,68 @@
+"""The JSON of `/api/v1/devices` and `/api/v1/pods`, read from the registry, the pod table and the allocations."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from deviceplane import __version__
+from deviceplane.api.models import AgentView, DevicesStatus
+from deviceplane.core.pod_devices import PodDevices
+from deviceplane.core.pod_table import PodTable
+from deviceplane.core.pod_view import holders, pods_view
+from deviceplane.core.registry import DeviceRegistry
+from deviceplane.core.view import Holders, devices_status, rfc3339
+
+
+class ApiViews:
+    """Reads only: a GET changes nothing (grace-period expiry runs on its own timer, DeviceManager.expire_loop)."""
+
+    def __init__(
+        self,
+        registry: DeviceRegistry,
+        table: PodTable,
+        pod_devices: PodDevices,
+        node_name: str,
+        wall_clock: Callable[[], float] = time.time,
+        *,
+        owners: Callable[[], Holders] | None = None,
+        pod_list: Callable[[], list[dict[str, Any]]] | None = None,
+    ) -> None:
+        # owners / pod_list: where they come from when the agent does not allocate (proxy mode: the kubelet's
+        # PodResources); by default the agent's own allocations and pod table.
+        self._owners = owners
+        self._pod_list = pod_list
+        self._registry = registry
+        self._table = table
+        self._pod_devices = pod_devices
+        self._node_name = node_name
+        self._wall_clock = wall_clock
+
+    def devices(self, request: web.Request | None = None) -> dict[str, Any]:
+        query = request.query if request is not None else {}
+        limit = None
+        if "limit" in query:
+            if not query["limit"].isdigit():
+                raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
+            limit = int(query["limit"])
+        return self.status(limit, query.get("resource")).model_dump(mode="json")
+
+    def status(self, device_limit: int | None = None, resource: str | None = None) -> DevicesStatus:
+        """The devices model (also NodeDevices.status): at most `device_limit` devices per resource."""
+        agent = AgentView(version=__version__, node=self._node_name, lastHeartbeatTime=rfc3339(self._wall_clock()))
+        return devices_status(
+            self._registry,
+            self._registry.capacity(),
+            agent,
+            holders=self._owners() if self._owners else holders(self._pod_devices, self._table),
+            device_limit=device_limit,
+            resource_filter=(lambda name: name == resource) if resource else None,
+        )
+
+    def pods(self, _request: web.Request | None = None) -> list[dict[str, Any]]:
+        if self._pod_list is not None:
+            return self._pod_list()
+        return pods_view(self._table, self._pod_devices, self._registry)

@@ -1,0 +1,113 @@
+"""`deviceplane status`: the local agent's resources, devices, health, NUMA nodes and owners, and its pods.
+
+Reads the agent's `/api/v1/devices` and `/api/v1/pods`; prints tables, or both documents as JSON or YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+DEFAULT_URL = "http://127.0.0.1:9450"
+TIMEOUT_SECONDS = 5.0
+
+
+class Unreachable(Exception):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"the agent's HTTP address (--http-addr) [{DEFAULT_URL}]")
+    parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+
+def fetch(url: str, path: str) -> Any:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + path, timeout=TIMEOUT_SECONDS) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        raise Unreachable(f"{path} answered {err.code} {err.reason}") from err
+    except urllib.error.URLError as err:
+        raise Unreachable(str(getattr(err.reason, "strerror", None) or err.reason)) from err
+    except (OSError, ValueError) as err:
+        raise Unreachable(str(err)) from err
+
+
+def owner(device: dict[str, Any]) -> str:
+    held = device.get("allocatedTo")
+    if not held:
+        return "-"
+    return f"{held['namespace']}/{held['pod']}/{held['container']}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Aligned columns, as kubectl prints them (no extra dependency: `status` works with the base install)."""
+    widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
+    lines = ["   ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+             for row in [headers, *rows]]  # fmt: skip
+    return "\n".join(lines)
+
+
+def devices_table(devices: dict[str, Any]) -> str:
+    agent = devices.get("agent") or {}
+    rows: list[list[str]] = []
+    for resource in devices.get("resources") or []:
+        plugin = resource.get("plugin") or {}
+        rows.append(
+            [
+                resource["name"],
+                f"{resource['allocatable']}/{resource['capacity']} allocatable, {resource['allocated']} allocated",
+                f"{resource['healthy']} healthy, {resource['unhealthy']} unhealthy",
+                "",
+                "plugin connected" if plugin.get("connected") else "plugin disconnected",
+            ]
+        )
+        for device in resource.get("devices") or []:
+            numa = ",".join(str(n) for n in device.get("numaNodes") or []) or "-"
+            rows.append(["", device["id"], device["health"], numa, owner(device)])
+        if resource.get("devicesTruncated"):
+            rows.append(["", "...", "", "", "(device list truncated)"])
+    title = f"node {agent.get('node', '?')} (agent {agent.get('version', '?')})"
+    return title + "\n" + table(("RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"), rows)
+
+
+def pods_table(pods: list[dict[str, Any]]) -> str:
+    rows = []
+    for pod in pods:
+        held = sorted(
+            f"{container['name']}: {resource} {','.join(ids)}"
+            for container in pod.get("containers") or []
+            for resource, ids in (container.get("devices") or {}).items()
+            if ids
+        )
+        name = f"{pod['namespace']}/{pod['name']}" if pod.get("name") else "-"
+        rows.append(
+            [name, pod.get("source", ""), pod.get("state", ""), "; ".join(held) or "-", pod.get("reason") or ""]
+        )
+    return table(("POD", "SOURCE", "STATE", "DEVICES", "REASON"), rows)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        devices = fetch(args.url, "/api/v1/devices")
+        pods = fetch(args.url, "/api/v1/pods")
+    except Unreachable as err:
+        print(f"deviceplane status: cannot reach the agent at {args.url}: {err}", file=sys.stderr)
+        return 1
+    if args.output == "json":
+        print(json.dumps({"devices": devices, "pods": pods}, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump({"devices": devices, "pods": pods}, sort_keys=False), end="")
+    else:
+        print(devices_table(devices))
+        if pods:
+            print()
+            print(pods_table(pods))
+    return 0

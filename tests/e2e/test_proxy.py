@@ -1,0 +1,412 @@
+"""Proxy mode in front of the kubelet's real device manager and PodResources server (our Go harness).
+
+Unmodified upstream plugins (sample-device-plugin, generic-device-plugin) and our sim plugin register with the agent
+(`--mode proxy`); the agent registers one proxy endpoint per resource with the harness. Every comparison runs the
+plugin both ways in one test: registered with a harness directly, and behind the agent with another harness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from deviceplane.agent.proxy.endpoint import endpoint_name
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.cli import build_parser
+from tests.support.pods import PodResourcesClient, listed_devices
+from tests.support.procs import free_port
+
+from .cluster import REPO, http_json
+from .conftest import Agent, Harness
+from .procs import Proc, Procs, wait_for
+from .test_kubelet_harness import pod
+
+SAMPLE = "example.com/resource"
+SIM = "example.com/sim"
+NULL = "squat.ai/null"
+
+
+def kubelet_side(short_tmp: Callable[[str], Path]) -> tuple[Path, Path]:
+    """A kubelet's device-plugin dir and PodResources socket path."""
+    return short_tmp("kdp"), short_tmp("kpr") / "kubelet.sock"
+
+
+def start_proxy(
+    deviceplane_agent: Callable[..., Agent], kubelet_dir: Path, pod_resources: Path, plugin_dir: Path | None = None
+) -> Agent:
+    extra = [
+        "--mode", "proxy",
+        "--kubelet-dir", str(kubelet_dir),
+        "--kubelet-pod-resources-socket", str(pod_resources),
+    ]  # fmt: skip
+    return deviceplane_agent(plugin_dir=plugin_dir, extra=extra)
+
+
+def start_sim(procs: Procs, plugin_dir: Path, count: int = 4, numa: int = 0) -> tuple[Proc, str]:
+    """Our sim plugin with its control endpoint; returns the process and the control URL."""
+    argv = [
+        sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", SIM, "--count", str(count),
+        "--numa", str(numa), "--plugin-dir", str(plugin_dir), "--control", f"127.0.0.1:{free_port()}",
+    ]  # fmt: skip
+    p = procs.start("deviceplane-plugin-sim", argv, cwd=REPO)
+    url: list[str] = []
+
+    def printed() -> bool:
+        for line in p.log.read_text(errors="replace").splitlines():
+            if line.startswith("control: "):
+                url.append(line.removeprefix("control: ").strip())
+                return True
+        return False
+
+    wait_for("sim control address", printed, procs=[p], timeout=30)
+    return p, url[0]
+
+
+def counts(h: Harness, resource: str) -> tuple[int | None, int | None]:
+    cap = h.capacity()
+    return cap["capacity"].get(resource), cap["allocatable"].get(resource)
+
+
+def admit_app(h: Harness, name: str, resource: str, n: int) -> dict[str, Any]:
+    result = h.admit(pod(name, app={resource: n}))
+    assert result["admitted"], result
+    return result
+
+
+def raw_allocate(socket: Path, device_ids: list[str]) -> tuple[str, bytes | str]:
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=device_ids)])
+
+    async def call() -> tuple[str, bytes | str]:
+        async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
+            method = channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+            try:
+                return "OK", bytes(await method(request.SerializeToString(), timeout=10))
+            except grpc.aio.AioRpcError as err:
+                return err.code().name, err.details() or ""
+
+    return asyncio.run(call())
+
+
+def view(agent: Agent, resource: str) -> dict[str, dict[str, Any]]:
+    r = agent.resource(resource)
+    return {d["id"]: d for d in r["devices"]} if r else {}
+
+
+def metric(agent: Agent, name: str, **labels: str) -> float | None:
+    with urllib.request.urlopen(agent.url + "/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.split("{")[0] == name and all(f'{k}="{v}"' in series for k, v in labels.items()):
+            return float(value)
+    return None
+
+
+# ---- the same as direct registration -----------------------------------------------------------------------------
+
+
+@dataclass
+class BothWays:
+    direct: Harness  # the plugin registered with it directly
+    proxied: Harness  # the plugin behind the agent, the agent registered with it
+    agent: Agent
+    kubelet_dir: Path
+
+    def proxy_socket(self, resource: str) -> Path:
+        return self.kubelet_dir / endpoint_name(resource, self.kubelet_dir)
+
+    def plugin_socket(self) -> Path:
+        """The plugin's own socket in the agent's dir (the one plugin there)."""
+        (socket,) = [p for p in self.agent.plugin_dir.iterdir() if p.is_socket() and p.name != "kubelet.sock"]
+        return socket
+
+
+def both_ways(kubelet_harness, start_plugin, deviceplane_agent, short_tmp, resource: str, count: int) -> BothWays:
+    """One plugin instance registered with a harness directly, another behind the agent with a second harness."""
+    direct = kubelet_harness(short_tmp("kha"))
+    direct_plugin = start_plugin(direct.socket_dir)
+    wait_for("direct capacity", lambda: counts(direct, resource) == (count, count), procs=[direct.proc, direct_plugin])
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    plugin = start_plugin(agent.plugin_dir)
+    wait_for(
+        "proxied capacity",
+        lambda: counts(proxied, resource) == (count, count),
+        procs=[proxied.proc, agent.proc, plugin],
+    )
+    # The same capacity and devices as with direct registration.
+    assert proxied.capacity()["devices"] == direct.capacity()["devices"]
+    return BothWays(direct, proxied, agent, kubelet_dir)
+
+
+def test_sample_plugin_behind_proxy_matches_direct_registration(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, short_tmp
+) -> None:
+    env = both_ways(kubelet_harness, sample_device_plugin, deviceplane_agent, short_tmp, SAMPLE, 2)
+
+    # The same Allocate, both ways: byte-for-byte the plugin's response, and the same error for a bad device.
+    for ids in (["Dev-1", "Dev-2"], ["Dev-9"]):
+        assert raw_allocate(env.proxy_socket(SAMPLE), ids) == raw_allocate(env.plugin_socket(), ids)
+    assert raw_allocate(env.proxy_socket(SAMPLE), ["Dev-1"])[0] == "OK"
+
+    # Through the kubelet's own admission path: the run options (from the plugin's AllocateResponse) are identical.
+    a = admit_app(env.direct, "direct", SAMPLE, 2)
+    b = admit_app(env.proxied, "proxied", SAMPLE, 2)
+    assert b["containers"][0]["runOptions"] == a["containers"][0]["runOptions"]
+    assert b["containers"][0]["devices"] == a["containers"][0]["devices"] == {SAMPLE: ["Dev-1", "Dev-2"]}
+
+    # The agent names the pod the kubelet gave the devices to (from the harness's PodResources).
+    def owners() -> set[str]:
+        return {d["allocatedTo"]["pod"] for d in view(env.agent, SAMPLE).values() if d["allocatedTo"]}
+
+    wait_for("owner in the agent's view", lambda: owners() == {"proxied"}, procs=[env.agent.proc], timeout=5)
+    # The agent never allocated (no admission of its own): its pods are the kubelet's.
+    assert [p["name"] for p in env.agent.pods() if p["source"] == "kubelet"] == ["proxied"]
+
+
+def test_generic_device_plugin_behind_proxy_matches_direct_registration(
+    kubelet_harness, generic_device_plugin, deviceplane_agent, short_tmp
+) -> None:
+    env = both_ways(kubelet_harness, generic_device_plugin, deviceplane_agent, short_tmp, NULL, 4)
+    a = admit_app(env.direct, "direct", NULL, 4)
+    b = admit_app(env.proxied, "proxied", NULL, 4)
+    assert b["containers"][0]["runOptions"] == a["containers"][0]["runOptions"]
+    assert b["containers"][0]["runOptions"]["devices"], b  # /dev/null device specs came through
+    ids = b["containers"][0]["devices"][NULL]
+    assert raw_allocate(env.proxy_socket(NULL), ids) == raw_allocate(env.plugin_socket(), ids)
+    assert raw_allocate(env.proxy_socket(NULL), ids)[0] == "OK"
+
+
+# ---- health and owners -------------------------------------------------------------------------------------------
+
+
+def test_unhealthy_device_reaches_kubelet_and_agent_within_1s_with_its_pod(
+    kubelet_harness, deviceplane_agent, procs, short_tmp
+) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sim, control = start_sim(procs, agent.plugin_dir)
+    wait_for("sim through the proxy", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, agent.proc, sim])
+    admitted = admit_app(h, "holder", SIM, 1)
+    (device_id,) = admitted["containers"][0]["devices"][SIM]
+    wait_for(
+        "owner named",
+        lambda: (view(agent, SIM)[device_id]["allocatedTo"] or {}).get("pod") == "holder",
+        procs=[agent.proc],
+        timeout=5,
+    )
+
+    start = time.monotonic()
+    http_json(f"{control}/devices/{device_id}/unhealthy", method="POST", body={})
+    wait_for("harness allocatable 3", lambda: counts(h, SIM) == (4, 3), interval=0.02, timeout=1)
+    assert device_id not in {d["id"] for d in h.capacity()["devices"][SIM]}  # not among the kubelet's healthy
+    wait_for(
+        "agent metric 0",
+        lambda: metric(agent, "deviceplane_device_health", resource_name=SIM, device_id=device_id) == 0.0,
+        interval=0.02,
+        timeout=1,
+    )
+    assert time.monotonic() - start < 1.0
+    flipped = view(agent, SIM)[device_id]
+    assert flipped["health"] == "Unhealthy"
+    assert flipped["allocatedTo"] == {"namespace": "default", "pod": "holder", "container": "app"}
+
+
+# ---- restarts ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ProxiedNode:
+    """A harness, the agent in front of it, the sample plugin and the sim plugin behind the agent."""
+
+    harness: Harness
+    agent: Agent
+    sample: Proc
+    sim: Proc
+    kubelet_dir: Path
+    pod_resources: Path
+    sim_count: int
+
+    def both_shown(self, h: Harness | None = None) -> bool:
+        h = h or self.harness
+        return counts(h, SAMPLE) == (2, 2) and counts(h, SIM) == (self.sim_count, self.sim_count)
+
+
+def proxied_node(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs: Procs, short_tmp, sim_count: int
+) -> ProxiedNode:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sample = sample_device_plugin(agent.plugin_dir)
+    sim, _control = start_sim(procs, agent.plugin_dir, count=sim_count)
+    node = ProxiedNode(h, agent, sample, sim, kubelet_dir, pod_resources, sim_count)
+    wait_for("both proxied", node.both_shown, procs=[h.proc, agent.proc, sample, sim])
+    return node
+
+
+def test_agent_kill9_mid_traffic_then_restart(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
+) -> None:
+    node = proxied_node(kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp, 8)
+    h, agent, sample, sim = node.harness, node.agent, node.sample, node.sim
+    kubelet_dir, pod_resources, both = node.kubelet_dir, node.pod_resources, node.both_shown
+
+    held = {name: admit_app(h, name, SIM, 2)["containers"][0]["devices"][SIM] for name in ("keep-a", "keep-b")}
+
+    # Traffic: admit and remove 1-device pods in a loop while the agent is killed and restarted.
+    stop = threading.Event()
+    outcomes: list[tuple[bool, list[str]]] = []
+
+    def traffic() -> None:
+        while not stop.is_set():
+            result = h.admit(pod(f"t-{uuid.uuid4().hex[:6]}", app={SIM: 1}))
+            devices = result["containers"][0]["devices"].get(SIM, []) if result["admitted"] else []
+            outcomes.append((result["admitted"], devices))
+            if result["admitted"]:
+                h.remove(result["uid"])
+            time.sleep(0.02)
+
+    worker = threading.Thread(target=traffic, daemon=True)
+    worker.start()
+    time.sleep(1.0)
+    os.killpg(agent.proc.pgid, signal.SIGKILL)
+    procs.stop(agent.proc)
+    time.sleep(0.5)
+    launched = time.monotonic()
+    restarted = start_proxy(deviceplane_agent, kubelet_dir, pod_resources, plugin_dir=agent.plugin_dir)
+    ready = time.monotonic()
+    wait_for("re-proxied", both, procs=[h.proc, restarted.proc, sample, sim], interval=0.05, timeout=5)
+    wait_for(
+        "owners visible again",
+        lambda: {d["allocatedTo"]["pod"] for d in view(restarted, SIM).values() if d["allocatedTo"]} >= set(held),
+        procs=[restarted.proc],
+        interval=0.05,
+        timeout=max(0.1, 5 - (time.monotonic() - ready)),
+    )
+    visible = time.monotonic()
+    # Within 5 s of launching the new agent (Python start-up included).
+    assert visible - launched < 5.0
+    print(f"agent restart: ready {ready - launched:.2f} s after launch, all visible {visible - launched:.2f} s")
+    time.sleep(1.0)
+    stop.set()
+    worker.join(timeout=15)
+
+    # Nothing the kubelet allocated was lost or changed, and no device is held twice.
+    pods = {p["name"]: p for p in http_json(h.url + "/pods")}
+    for name, ids in held.items():
+        assert pods[name]["containers"][0]["devices"][SIM] == ids
+    in_use = [d for p in pods.values() for c in p["containers"] for d in c["devices"].get(SIM, [])]
+    assert len(in_use) == len(set(in_use)), pods
+    assert any(ok for ok, _ in outcomes), "traffic never got an admission through"
+    for ok, devices in outcomes:
+        assert not ok or not set(devices) & {d for ids in held.values() for d in ids}, (devices, held)
+    assert sim.alive() and sample.alive()
+
+
+def test_harness_restart_reregisters_every_resource_within_1s(
+    kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp
+) -> None:
+    node = proxied_node(kubelet_harness, sample_device_plugin, deviceplane_agent, procs, short_tmp, 4)
+    h, agent, kubelet_dir, pod_resources = node.harness, node.agent, node.kubelet_dir, node.pod_resources
+    procs.stop(h.proc)
+    h2 = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)  # returns once it serves
+    # Measured from the new kubelet.sock's creation (the harness answers /healthz a little later).
+    created = os.stat(kubelet_dir / "kubelet.sock").st_ctime
+    wait_for("re-registered", lambda: node.both_shown(h2), procs=[h2.proc, agent.proc], interval=0.02, timeout=1)
+    assert time.time() - created < 1.0
+    # The re-registered endpoints allocate: through the proxy, for the restarted kubelet.
+    assert admit_app(h2, "after", SAMPLE, 2)["containers"][0]["runOptions"]["mounts"]
+
+
+# ---- the DaemonSet ----------------------------------------------------------------------------------------------
+
+
+def test_proxy_daemonset_manifest_is_accepted_and_runs_the_proxy_mode(cluster) -> None:
+    path = REPO / "manifests" / "31-agent-proxy.yaml"
+    manifest = yaml.safe_load(path.read_text())
+    cluster.kubectl("create", "namespace", "deviceplane-system", check=False)
+    out = cluster.kubectl("apply", "--dry-run=server", "-o", "json", "-f", str(path))
+    accepted = json.loads(out)
+    assert accepted["kind"] == "DaemonSet" and accepted["metadata"]["name"] == "deviceplane-agent-proxy"
+    # The arguments parse with the agent's own CLI and select proxy mode with the kubelet's paths.
+    args = manifest["spec"]["template"]["spec"]["containers"][0]["args"]
+    parsed = build_parser(args).parse_args(args)
+    assert parsed.mode == "proxy"
+    assert str(parsed.kubelet_dir) == "/var/lib/kubelet/device-plugins"
+    mounts = {m["mountPath"] for m in manifest["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]}
+    assert {str(parsed.kubelet_dir), str(parsed.plugin_dir), str(parsed.kubelet_pod_resources_socket.parent)} <= mounts
+
+
+def test_plugin_restart_keeps_the_kubelets_endpoint(kubelet_harness, deviceplane_agent, procs, short_tmp) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    sim, _control = start_sim(procs, agent.plugin_dir)
+    wait_for("sim through the proxy", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, agent.proc, sim])
+    held = admit_app(h, "holder", SIM, 1)["containers"][0]["devices"][SIM]
+
+    def kubelet_said(text: str) -> int:
+        return h.proc.log.read_text(errors="replace").count(text)
+
+    registered = f'"Got registration request from device plugin with resource" resourceName="{SIM}"'
+    assert kubelet_said(registered) == 1
+    procs.stop(sim)
+    # Plugin gone: the kubelet's stream stays, its devices turn unhealthy (capacity kept, nothing allocatable).
+    wait_for("devices unhealthy in the kubelet", lambda: counts(h, SIM) == (4, 0), procs=[agent.proc], timeout=5)
+    sim2, _control2 = start_sim(procs, agent.plugin_dir)
+    wait_for("the new plugin's devices", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, agent.proc, sim2])
+    # The kubelet never saw the endpoint go: registered once, no ListAndWatch ended, the allocation unchanged.
+    assert kubelet_said(registered) == 1
+    assert kubelet_said("ListAndWatch ended unexpectedly") == 0
+    pods = {p["name"]: p for p in http_json(h.url + "/pods")}
+    assert pods["holder"]["containers"][0]["devices"][SIM] == held
+    assert admit_app(h, "after", SIM, 3)["containers"][0]["devices"][
+        SIM
+    ]  # the other three, allocated via the new plugin
+
+
+# ---- the harness's PodResources server (the kubelet's own) -------------------------------------------------------
+
+
+def test_harness_serves_the_kubelets_pod_resources(kubelet_harness, procs, short_tmp) -> None:
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, numa_nodes=2, pod_resources_socket=pod_resources)
+    sim, control = start_sim(procs, kubelet_dir, numa=2)
+    wait_for("sim registered", lambda: counts(h, SIM) == (4, 4), procs=[h.proc, sim])
+    held = admit_app(h, "holder", SIM, 2)["containers"][0]["devices"][SIM]
+    http_json(f"{control}/devices/sim-3/unhealthy", method="POST", body={})
+    wait_for("sim-3 unhealthy", lambda: counts(h, SIM) == (4, 3), procs=[h.proc, sim])
+
+    client = PodResourcesClient(pod_resources)
+    try:
+        assert listed_devices(client.list()) == {("default", "holder", "app"): {SIM: set(held)}}
+        # One entry per device per NUMA node, with the plugin's topology (sim: 2 devices on each of 2 nodes).
+        entries = [e for pod in client.list().pod_resources for c in pod.containers for e in c.devices]
+        assert all(len(e.device_ids) == 1 and len(e.topology.nodes) == 1 for e in entries), entries
+        # GetAllocatableResources: the healthy devices, allocated or not.
+        allocatable = {i for e in client.allocatable().devices if e.resource_name == SIM for i in e.device_ids}
+        assert allocatable == {"sim-0", "sim-1", "sim-2"}
+        got = client.get("default", "holder").pod_resources
+        assert got.name == "holder" and {i for e in got.containers[0].devices for i in e.device_ids} == set(held)
+        with pytest.raises(grpc.RpcError, match="pod nope in namespace default not found"):
+            client.get("default", "nope")
+    finally:
+        client.close()

@@ -1,0 +1,77 @@
+"""`deviceplane status` against a real agent process: table, JSON and YAML views, and a clear error when the agent
+cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from tests.support.pods import simple_pod, wait_settled
+from tests.support.procs import ROOT, AgentProcess, TestPlugin, child_env, free_port, wait_for
+
+R = "example.com/gpu"
+
+
+def status(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "deviceplane", "status", *args],
+        capture_output=True,
+        text=True,
+        env={**child_env(), "COLUMNS": "200"},
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+def test_status_shows_devices_health_numa_and_owners(
+    agent_factory: Callable[..., AgentProcess], plugin_factory: Callable[..., TestPlugin], short_tmp: Path
+) -> None:
+    manifests = short_tmp / "manifests"
+    agent = agent_factory("--pod-manifest-dir", str(manifests))
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", [["g0", "Healthy", [0]], ["g1", "Unhealthy", [1]]])
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (2, 1))
+    simple_pod(manifests, "trainer", R, 1, namespace="ml")
+    assert wait_settled(agent, "trainer")["state"] == "admitted"
+
+    table = status("--url", agent.url)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines if line.strip()}
+    assert rows["g0"] == ["g0", "Healthy", "0", "ml/trainer/main"], table.stdout
+    assert rows["g1"] == ["g1", "Unhealthy", "1", "-"], table.stdout
+    assert any(R in line and "1/2 allocatable" in line and "1 allocated" in line for line in lines), table.stdout
+    assert any("ml/trainer" in line and "admitted" in line for line in lines), table.stdout
+
+    as_json = status("--url", agent.url, "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    document = json.loads(as_json.stdout)
+    (resource,) = document["devices"]["resources"]
+    assert {d["id"]: (d["health"], d["numaNodes"]) for d in resource["devices"]} == {
+        "g0": ("Healthy", [0]),
+        "g1": ("Unhealthy", [1]),
+    }
+    assert resource["devices"][0]["allocatedTo"] == {"namespace": "ml", "pod": "trainer", "container": "main"}
+    assert [p["name"] for p in document["pods"]] == ["trainer"]
+
+    as_yaml = status("--url", agent.url, "-o", "yaml")
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    from_yaml = yaml.safe_load(as_yaml.stdout)
+    assert from_yaml["devices"]["resources"] == document["devices"]["resources"]
+    assert from_yaml["pods"] == document["pods"]
+
+
+def test_status_unreachable_agent_is_one_clear_line() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for output in ("table", "json", "yaml"):
+        result = status("--url", url, "-o", output)
+        assert result.returncode == 1
+        assert result.stdout == ""
+        assert result.stderr.splitlines() == [
+            f"deviceplane status: cannot reach the agent at {url}: Connection refused"
+        ], result.stderr
