@@ -3,7 +3,7 @@ PYTHON ?= python3
 CACHE ?= $(HOME)/.cache/deviceplane
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: deps k8s-bins promtool proto crds lint test unit demo bench clean
+.PHONY: deps k8s-bins promtool proto crds image lint test unit demo bench clean
 
 deps:  ## the package with every extra (cluster, operator, demo) and the test tools
 	$(PYTHON) -m pip install -q -e '.[cluster,operator,demo,test]'
@@ -19,6 +19,9 @@ proto:  ## regenerate deviceplane/api from proto/
 
 crds:  ## regenerate crds/ from the pydantic models in deviceplane/api
 	$(PYTHON) scripts/gen_crds.py
+
+image:  ## localhost/deviceplane:<version> with buildah, base made by debootstrap (root; Debian buildah, debootstrap)
+	bash scripts/build-image.sh
 
 lint:
 	$(PYTHON) -m ruff check deviceplane tests benchmarks scripts

@@ -11,9 +11,15 @@ sys.path.insert(0, str(ROOT))
 from deviceplane.api import kinds  # noqa: E402
 from deviceplane.api.crd import CrdSpec, crd_yaml  # noqa: E402
 
+MANIFEST = Path("manifests") / "10-crds.yaml"  # both CRDs, so `kubectl apply -f manifests/` installs them
+
 
 def path_for(spec: CrdSpec, root: Path = ROOT) -> Path:
     return root / "crds" / f"{spec.plural}.yaml"
+
+
+def manifest_text() -> str:
+    return "---\n".join(crd_yaml(spec) for spec in kinds.ALL)
 
 
 def main() -> int:
@@ -22,6 +28,9 @@ def main() -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(crd_yaml(spec))
         print(f"wrote {path.relative_to(ROOT)}")
+    (ROOT / MANIFEST).parent.mkdir(parents=True, exist_ok=True)
+    (ROOT / MANIFEST).write_text(manifest_text())
+    print(f"wrote {MANIFEST}")
     return 0
 
 

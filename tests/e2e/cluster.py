@@ -36,6 +36,23 @@ CONTROL_PLANE_BINARIES = (
 KWOK_NODE_LABEL = "deviceplane.io/kwok"  # kwok manages nodes carrying this label (=true)
 
 
+# Mutating requests by service accounts (the control plane's own components use admin certificates): tests count
+# what an identity such as deviceplane's operator writes. Metadata level, so the log stays small.
+AUDIT_SERVICE_ACCOUNT_WRITES = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "Metadata",
+            "userGroups": ["system:serviceaccounts"],
+            "verbs": ["create", "update", "patch", "delete", "deletecollection"],
+        },
+        {"level": "None"},
+    ],
+}
+
+
 def bin_dir() -> Path:
     """Where `make k8s-bins` puts (or put) the binaries for this checkout's pins."""
     override = os.environ.get("DEVICEPLANE_K8S_BIN")
@@ -78,6 +95,19 @@ class Cluster:
     kubeconfig: Path = field(default=Path())
     started: list[Proc] = field(default_factory=list)
     admin_ssl: ssl.SSLContext | None = None  # the admin client certificate, for direct API requests
+    audit_policy: Mapping[str, Any] | None = None  # opt-in: an audit.k8s.io/v1 Policy; events go to audit_log
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit events logged so far (one JSON object per line), oldest first."""
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     @property
     def server(self) -> str:
@@ -131,6 +161,10 @@ class Cluster:
             "--endpoint-reconciler-type=none",
             "--v=1",
         ]
+        if self.audit_policy is not None:
+            (w / "audit-policy.json").write_text(json.dumps(self.audit_policy))
+            args += [f"--audit-policy-file={w / 'audit-policy.json'}", f"--audit-log-path={self.audit_log}"]
+            args += ["--audit-log-format=json", "--audit-log-mode=blocking"]
         if not _has_default_route():
             # The apiserver derives its advertise address from the default-route interface and rejects loopback.
             # Nothing connects to it here; it only fills the `kubernetes` Service's endpoints.

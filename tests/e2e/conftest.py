@@ -10,6 +10,7 @@ package-scoped: it is gone before the integration and unit tests run).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +26,16 @@ import pytest
 from tests.support.procs import free_port
 from tests.support.required import unavailable
 
-from .cluster import CONTROL_PLANE_BINARIES, REPO, Cluster, bin_dir, http_json, http_ok, missing_binaries
+from .cluster import (
+    AUDIT_SERVICE_ACCOUNT_WRITES,
+    CONTROL_PLANE_BINARIES,
+    REPO,
+    Cluster,
+    bin_dir,
+    http_json,
+    http_ok,
+    missing_binaries,
+)
 from .procs import Proc, Procs, wait_for
 
 KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # hard-coded in sample-device-plugin
@@ -85,7 +95,7 @@ def _session_process_check(procs: Procs) -> Iterator[None]:
 
 @pytest.fixture(scope="package")
 def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(k8s_bin, tmp_path_factory.mktemp("cluster"), procs)
+    c = Cluster(k8s_bin, tmp_path_factory.mktemp("cluster"), procs, audit_policy=AUDIT_SERVICE_ACCOUNT_WRITES)
     try:
         c.start()
     except BaseException:
@@ -97,10 +107,20 @@ def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture
 def kwok_nodes(cluster: Cluster) -> Iterator[Callable[..., list[str]]]:
-    """Factory: kwok_nodes(3, prefix="ds", labels={...}) -> names of nodes kwok has made Ready."""
+    """Factory: kwok_nodes(3, prefix="ds", labels={...}, taints=[...]) -> names of nodes kwok has made Ready.
+
+    `taints` (core/v1 Taint dicts) are set once the node is Ready, replacing the apiserver's initial
+    node.kubernetes.io/not-ready:NoSchedule taint, which only the node-lifecycle controller (not run here) removes.
+    """
     created: list[str] = []
 
-    def make(count: int = 1, *, prefix: str = "kwok-node", labels: Mapping[str, str] | None = None) -> list[str]:
+    def make(
+        count: int = 1,
+        *,
+        prefix: str = "kwok-node",
+        labels: Mapping[str, str] | None = None,
+        taints: list[dict[str, str]] | None = None,
+    ) -> list[str]:
         names = []
         for _ in range(count):
             name = f"{prefix}-{len(created)}-{os.urandom(3).hex()}"
@@ -108,6 +128,10 @@ def kwok_nodes(cluster: Cluster) -> Iterator[Callable[..., list[str]]]:
             created.append(name)
             names.append(name)
         cluster.wait_nodes_ready(names)
+        if taints is not None:
+            for name in names:
+                patch = json.dumps({"spec": {"taints": taints or None}})
+                cluster.kubectl("patch", "node", name, "--type=merge", "-p", patch)
         return names
 
     yield make

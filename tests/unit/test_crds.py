@@ -33,6 +33,13 @@ def test_checked_in_crd_is_current(crd: Any) -> None:
     assert path.read_text() == crd_yaml(crd), f"{path} is stale: run `make crds`"
 
 
+def test_install_manifest_carries_both_crds() -> None:
+    gen = _gen_module()
+    assert (ROOT / gen.MANIFEST).read_text() == gen.manifest_text(), "manifests/10-crds.yaml is stale: `make crds`"
+    docs = list(yaml.safe_load_all((ROOT / gen.MANIFEST).read_text()))
+    assert [d["metadata"]["name"] for d in docs] == [c.name for c in kinds.ALL]
+
+
 def _walk(schema: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
     out = [(path, schema)]
     for name, sub in schema.get("properties", {}).items():

@@ -1,0 +1,82 @@
+"""The operator's composition root: the API client, the reconciler, the kopf registry and settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import kopf
+
+from deviceplane.operator.handlers import IndexView, install
+from deviceplane.operator.kube import KubeApi, load_client
+from deviceplane.operator.metrics import OperatorMetrics
+from deviceplane.operator.names import MANAGED_BY, MANAGED_BY_LABEL
+from deviceplane.operator.reconciler import Reconciler
+
+log = logging.getLogger("deviceplane.operator")
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    kubeconfig: str | None = None
+    namespaces: tuple[str, ...] = ()  # empty: all namespaces
+    peering: str | None = None  # None: standalone (one replica, no peering objects)
+    liveness: str | None = "http://127.0.0.1:8080/healthz"
+    metrics_host: str | None = "127.0.0.1"
+    metrics_port: int = 9451
+    workers: int = 4
+
+
+@dataclass
+class Operator:
+    registry: kopf.OperatorRegistry
+    settings: kopf.OperatorSettings
+    reconciler: Reconciler
+    metrics: OperatorMetrics
+    options: OperatorOptions
+
+    def run(self) -> None:
+        if self.options.metrics_host is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(self.options.metrics_port, addr=self.options.metrics_host, registry=self.metrics.registry)
+        kopf.run(
+            registry=self.registry,
+            settings=self.settings,
+            standalone=self.options.peering is None,
+            peering_name=self.options.peering,
+            clusterwide=not self.options.namespaces,
+            namespaces=self.options.namespaces,
+            liveness_endpoint=self.options.liveness,
+            # kopf would ask getpass for the user name, which fails for a uid without a passwd entry (the image's).
+            identity=f"deviceplane-operator@{socket.gethostname()}/{os.getpid()}",  # type: ignore[arg-type]  # kopf.Identity is not public
+        )
+
+
+def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    settings.posting.enabled = False  # Events are writes; nothing at rest may write
+    settings.scanning.disabled = True  # no CRD/namespace watching: the CRD is installed before the operator
+    settings.peering.standalone = options.peering is None
+    if options.peering is not None:
+        settings.peering.name = options.peering
+    managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    # Server-side filtering: only our DaemonSets and their pods stream to us, not every pod in the cluster.
+    settings.watching.label_selectors["daemonsets"] = managed
+    settings.watching.label_selectors["pods"] = managed
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    return settings
+
+
+def build(options: OperatorOptions) -> Operator:
+    api = KubeApi(load_client(options.kubeconfig))
+    view = IndexView()
+    metrics = OperatorMetrics()
+    reconciler = Reconciler(view, api, metrics, workers=options.workers)
+    metrics.track_configs(lambda: list(reconciler.statuses.values()))
+    registry = kopf.OperatorRegistry()
+    install(registry, view, reconciler)
+    return Operator(registry, settings_for(options), reconciler, metrics, options)

@@ -1,0 +1,125 @@
+"""Which nodes each config may run on, and who keeps a node two configs of one resource both want (pure).
+
+A node is eligible for a config when its labels satisfy the nodeSelector and its NoSchedule/NoExecute taints are
+tolerated (by the config's tolerations or by those the DaemonSet controller adds to every daemon pod). Of two
+configs serving the same resourceName, the older (creationTimestamp, then namespace/name) keeps a shared node; the
+newer one excludes it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from deviceplane.api.dpc import Toleration
+from deviceplane.operator.names import ConfigKey
+
+# The DaemonSet controller adds these to every daemon pod (pkg/controller/daemon/util AddOrUpdateDaemonPodTolerations).
+_DAEMON_TOLERATIONS = (
+    Toleration(key="node.kubernetes.io/not-ready", operator="Exists", effect="NoExecute"),
+    Toleration(key="node.kubernetes.io/unreachable", operator="Exists", effect="NoExecute"),
+    Toleration(key="node.kubernetes.io/disk-pressure", operator="Exists", effect="NoSchedule"),
+    Toleration(key="node.kubernetes.io/memory-pressure", operator="Exists", effect="NoSchedule"),
+    Toleration(key="node.kubernetes.io/pid-pressure", operator="Exists", effect="NoSchedule"),
+    Toleration(key="node.kubernetes.io/unschedulable", operator="Exists", effect="NoSchedule"),
+)
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    effect: str
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What conflict resolution needs of a config."""
+
+    key: ConfigKey
+    resource_name: str
+    created: str  # RFC 3339 from the API server: sorts chronologically as text
+    node_selector: Mapping[str, str]
+    tolerations: Sequence[Toleration]
+
+    @property
+    def age_order(self) -> tuple[str, str, str]:
+        return (self.created, self.key.namespace, self.key.name)
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """`other` serves the same resource on `nodes` too; `owner` says whether this config keeps them."""
+
+    other: ConfigKey
+    owner: bool
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    excluded: frozenset[str]  # nodes this config yields to older ones
+    conflicts: tuple[Conflict, ...]
+
+
+def tolerates(toleration: Toleration, taint: Taint) -> bool:
+    """core/v1 Toleration.ToleratesTaint."""
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator == "Exists":
+        return True
+    if not toleration.key and toleration.operator in (None, "Equal"):
+        return False  # an empty key matches all only with Exists
+    return (toleration.value or "") == taint.value
+
+
+def eligible(node: NodeInfo, node_selector: Mapping[str, str], tolerations: Iterable[Toleration]) -> bool:
+    if any(node.labels.get(k) != v for k, v in node_selector.items()):
+        return False
+    all_tolerations = (*tolerations, *_DAEMON_TOLERATIONS)
+    return all(
+        any(tolerates(t, taint) for t in all_tolerations)
+        for taint in node.taints
+        if taint.effect in ("NoSchedule", "NoExecute")
+    )
+
+
+def eligible_nodes(candidate: Candidate, nodes: Iterable[NodeInfo]) -> frozenset[str]:
+    return frozenset(n.name for n in nodes if eligible(n, candidate.node_selector, candidate.tolerations))
+
+
+def resolve(candidates: Iterable[Candidate], nodes: Iterable[NodeInfo]) -> dict[ConfigKey, Resolution]:
+    """For every config: the nodes it must exclude and the conflicts it reports (both sides report)."""
+    node_list = list(nodes)
+    by_resource: dict[str, list[Candidate]] = defaultdict(list)
+    for c in candidates:
+        by_resource[c.resource_name].append(c)
+    out: dict[ConfigKey, Resolution] = {}
+    for group in by_resource.values():
+        group.sort(key=lambda c: c.age_order)
+        eligible_by = {c.key: eligible_nodes(c, node_list) for c in group} if len(group) > 1 else {}
+        for i, config in enumerate(group):
+            excluded: set[str] = set()
+            conflicts: list[Conflict] = []
+            for j, other in enumerate(group):
+                if i == j:
+                    continue
+                shared = eligible_by[config.key] & eligible_by[other.key]
+                if not shared:
+                    continue
+                older = j < i
+                if older:
+                    excluded |= shared
+                conflicts.append(Conflict(other=other.key, owner=not older, nodes=tuple(sorted(shared))))
+            out[config.key] = Resolution(frozenset(excluded), tuple(conflicts))
+    return out

@@ -1,0 +1,194 @@
+"""kopf wiring (thin): watch caches (indexes) for what reconciliation reads, and event handlers that only say which
+configs to reconcile. Event handlers and indexes are silent in kopf: no annotations, no status writes, no
+finalizers, so the operator's only writes are the reconciler's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from deviceplane.api import dpc
+from deviceplane.operator import names
+from deviceplane.operator.conflicts import NodeInfo, Taint
+from deviceplane.operator.names import ConfigKey
+from deviceplane.operator.reconciler import Reconciler, key_of
+from deviceplane.operator.render import configmap_hash
+from deviceplane.operator.status import PodProblem, pod_problem
+
+MANAGED = f"{names.MANAGED_BY_LABEL}={names.MANAGED_BY}"
+
+
+def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What reconciliation needs of an object (managedFields dropped: they are most of its size)."""
+    meta = dict(body.get("metadata") or {})
+    meta.pop("managedFields", None)
+    return {"metadata": meta, "spec": dict(body.get("spec") or {}), "status": dict(body.get("status") or {})}
+
+
+def _first(store: Any) -> Any:
+    for value in store or ():
+        return value
+    return None
+
+
+@dataclass
+class IndexView:
+    """ClusterView over kopf's indexes (bound at startup; kopf fills them before any event handler runs)."""
+
+    indices: Mapping[str, Any] = field(default_factory=dict)
+
+    def _index(self, name: str) -> Any:
+        return self.indices[name]
+
+    def config(self, key: ConfigKey) -> Mapping[str, Any] | None:
+        return _first(self._index("dpc_index").get(key))
+
+    def configs(self) -> Iterable[Mapping[str, Any]]:
+        for store in list(self._index("dpc_index").values()):
+            yield from store
+
+    def nodes(self) -> Iterable[NodeInfo]:
+        for store in list(self._index("node_index").values()):
+            yield from store
+
+    def daemonset(self, key: ConfigKey) -> Mapping[str, Any] | None:
+        return _first(self._index("daemonset_index").get(key))
+
+    def pod_problems(self, key: ConfigKey) -> Iterable[PodProblem]:
+        return [p for p in self._index("pod_index").get(key) or () if p is not None]
+
+    def configmap_hash(self, namespace: str, name: str) -> str | None:
+        return _first(self._index("configmap_index").get((namespace, name)))
+
+
+def node_info(body: Mapping[str, Any]) -> NodeInfo:
+    meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+    taints = tuple(
+        Taint(key=t.get("key", ""), effect=t.get("effect", ""), value=t.get("value") or "")
+        for t in spec.get("taints") or []
+    )
+    return NodeInfo(name=meta["name"], labels=dict(meta.get("labels") or {}), taints=taints)
+
+
+def _owner_key(body: Mapping[str, Any]) -> ConfigKey | None:
+    meta = body.get("metadata") or {}
+    config = (meta.get("labels") or {}).get(names.CONFIG_LABEL)
+    return ConfigKey(meta["namespace"], config) if config and meta.get("namespace") else None
+
+
+def install(registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconciler) -> None:
+    """Register the handlers on `registry`; `reconciler` is started by the startup handler."""
+    dpcs = {"group": dpc.GROUP, "version": dpc.VERSION, "plural": dpc.PLURAL, "registry": registry}
+    dss = {"group": "apps", "version": "v1", "plural": "daemonsets", "registry": registry}
+    nodes = {"version": "v1", "plural": "nodes", "registry": registry}
+    pods = {"version": "v1", "plural": "pods", "registry": registry}
+    cms = {"version": "v1", "plural": "configmaps", "registry": registry}
+    # Last seen resourceName per config and labels/taints per node: only a change there moves node ownership.
+    resource_of: dict[ConfigKey, str | None] = {}
+    node_seen: dict[str, NodeInfo] = {}
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In-cluster service account, else $KUBECONFIG (set from --kubeconfig by the app).
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def start(memo: kopf.Memo, **kwargs: Any) -> None:
+        view.indices = {
+            k: kwargs[k] for k in ("dpc_index", "node_index", "daemonset_index", "pod_index", "configmap_index")
+        }
+        memo["reconciler_task"] = asyncio.create_task(reconciler.run(), name="reconciler")
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        task = memo.get("reconciler_task")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @kopf.index(**dpcs, id="dpc_index")  # type: ignore[arg-type]
+    def dpc_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, Any]:
+        return {key_of(body): _slim(body)}
+
+    @kopf.index(**nodes, id="node_index")  # type: ignore[arg-type]
+    def node_index(body: kopf.Body, **_: Any) -> dict[str, NodeInfo]:
+        info = node_info(body)
+        return {info.name: info}
+
+    @kopf.index(**dss, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY}, id="daemonset_index")  # type: ignore[arg-type]
+    def daemonset_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, Any]:
+        key = _owner_key(body)
+        return {key: _slim(body)} if key else {}
+
+    @kopf.index(**pods, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY}, id="pod_index")  # type: ignore[arg-type]
+    def pod_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, PodProblem | None]:
+        key = _owner_key(body)
+        return {key: pod_problem(body)} if key else {}
+
+    @kopf.index(**cms, id="configmap_index")  # type: ignore[arg-type]
+    def configmap_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], str]:
+        return {(namespace, name): configmap_hash(body.get("data"), body.get("binaryData"))}
+
+    @kopf.on.event(**dpcs)  # type: ignore[arg-type]
+    def config_event(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> None:
+        key = key_of(body)
+        reconciler.seen_config(key, body["metadata"].get("resourceVersion"))
+        resource = None if event.get("type") == "DELETED" else (body.get("spec") or {}).get("resourceName")
+        before = resource_of.get(key)
+        if resource is None:
+            resource_of.pop(key, None)
+        else:
+            resource_of[key] = resource
+        reconciler.enqueue(key)
+        if event.get("type") in (None, "ADDED", "DELETED") or before != resource or _placement_may_change(body):
+            # Conflicts involve the other configs of the old and new resource.
+            reconciler.topology_changed()
+            affected = {before, resource} - {None}
+            reconciler.enqueue_all(k for k, r in resource_of.items() if r in affected)
+
+    @kopf.on.event(**nodes)  # type: ignore[arg-type]
+    def node_event(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> None:
+        info = node_info(body)
+        gone = event.get("type") == "DELETED"
+        if gone:
+            changed = node_seen.pop(info.name, None) is not None
+        else:
+            changed = node_seen.get(info.name) != info
+            node_seen[info.name] = info
+        if changed and event.get("type") is not None:  # the initial listing is not a change
+            reconciler.topology_changed()
+            reconciler.enqueue_all(k for k in resource_of)
+
+    @kopf.on.event(**dss, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY})  # type: ignore[arg-type]
+    def daemonset_event(body: kopf.Body, **_: Any) -> None:
+        key = _owner_key(body)
+        if key is not None:
+            reconciler.seen_daemonset(key, body["metadata"].get("resourceVersion"))
+            reconciler.enqueue(key)
+
+    @kopf.on.event(**pods, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY})  # type: ignore[arg-type]
+    def pod_event(body: kopf.Body, **_: Any) -> None:
+        key = _owner_key(body)
+        if key is not None and key in resource_of:
+            reconciler.enqueue(key)
+
+    @kopf.on.event(**cms)  # type: ignore[arg-type]
+    def configmap_event(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+        for config in view.configs():
+            ref = (config.get("spec") or {}).get("configMapRef") or {}
+            if ref.get("name") == name and config["metadata"]["namespace"] == namespace:
+                reconciler.enqueue(key_of(config))
+
+
+def _placement_may_change(body: Mapping[str, Any]) -> bool:
+    # A spec change (new generation) may change nodeSelector/tolerations; status-only events do not.
+    meta = body.get("metadata") or {}
+    status = body.get("status") or {}
+    return int(meta.get("generation", 0)) != int(status.get("observedGeneration", -1))

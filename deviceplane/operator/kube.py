@@ -1,0 +1,64 @@
+"""The few API requests the operator makes, through the official client (blocking calls kept off the event loop).
+
+Responses are returned as plain JSON dicts (camelCase, as the API serves them), like the watch bodies kopf gives us.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from deviceplane.api import dpc
+from deviceplane.operator.names import ConfigKey
+
+__all__ = ["ApiException", "KubeApi", "load_client"]
+
+
+def load_client(kubeconfig: str | None) -> client.ApiClient:
+    """A client from the kubeconfig file, else the in-cluster service account, else $KUBECONFIG/~/.kube/config."""
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        return config.new_client_from_config()
+    return client.ApiClient()
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._apps = client.AppsV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    async def create_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        ns = body["metadata"]["namespace"]
+        return await self._json(self._apps.create_namespaced_daemon_set, ns, body)
+
+    async def replace_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        return await self._json(self._apps.replace_namespaced_daemon_set, meta["name"], meta["namespace"], body)
+
+    async def patch_status(self, key: ConfigKey, status_patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of the status subresource (null deletes a field)."""
+        return await self._json(
+            self._custom.patch_namespaced_custom_object_status,
+            dpc.GROUP,
+            dpc.VERSION,
+            key.namespace,
+            dpc.PLURAL,
+            key.name,
+            {"status": status_patch},
+        )
+
+    @staticmethod
+    async def _json(call: Any, *args: Any) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            response = call(*args, _preload_content=False, _request_timeout=30)
+            return dict(json.loads(response.data or b"{}"))
+
+        return await asyncio.to_thread(run)

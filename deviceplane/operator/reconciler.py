@@ -1,0 +1,343 @@
+"""Reconcile one DevicePluginConfig: render, compare, write only what differs, report.
+
+One idempotent path for create, update and resume. Work arrives as keys (a config changed, or something it depends
+on: its DaemonSet, pods, ConfigMap, a node, another config of its resource) into a deduplicating queue; a key is
+never reconciled twice at once. Reads come from the watch caches (`ClusterView`), so a reconcile that finds nothing
+to do sends no request at all. After a write, the cache briefly lags: until the watch delivers the object we wrote,
+the reconciler does not write it again (no duplicate writes, no fighting our own echo).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from deviceplane.api.dpc import DevicePluginConfigSpec
+from deviceplane.operator import conflicts as conflict_rules
+from deviceplane.operator.drift import drifted_fields, render_hash
+from deviceplane.operator.kube import ApiException, KubeApi
+from deviceplane.operator.metrics import OperatorMetrics
+from deviceplane.operator.names import ConfigKey
+from deviceplane.operator.render import Owner, render_daemonset
+from deviceplane.operator.status import Observed, PodProblem, compute_status
+
+log = logging.getLogger("deviceplane.operator")
+
+
+class ClusterView(Protocol):
+    """What the watches know (kopf indexes in production)."""
+
+    def config(self, key: ConfigKey) -> Mapping[str, Any] | None: ...
+    def configs(self) -> Iterable[Mapping[str, Any]]: ...
+    def nodes(self) -> Iterable[conflict_rules.NodeInfo]: ...
+    def daemonset(self, key: ConfigKey) -> Mapping[str, Any] | None: ...
+    def pod_problems(self, key: ConfigKey) -> Iterable[PodProblem]: ...
+    def configmap_hash(self, namespace: str, name: str) -> str | None: ...
+
+
+def key_of(body: Mapping[str, Any]) -> ConfigKey:
+    meta = body["metadata"]
+    return ConfigKey(meta["namespace"], meta["name"])
+
+
+def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
+    try:
+        spec = DevicePluginConfigSpec.model_validate(body.get("spec") or {})
+    except ValidationError:
+        return None
+    return conflict_rules.Candidate(
+        key=key_of(body),
+        resource_name=spec.resourceName,
+        created=str(body["metadata"].get("creationTimestamp") or ""),
+        node_selector=spec.nodeSelector,
+        tolerations=spec.tolerations,
+    )
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+ECHO_TIMEOUT = 5.0  # seconds to wait for the watch to show our own write before trusting the cache again
+
+
+@dataclass
+class _Echo:
+    """Writes the watch has not shown us yet: key → (resourceVersion the cache had before the write, give-up time).
+
+    Any later event carries another version, and the watch delivers versions in order, so from then on the cache
+    includes our write (kopf may coalesce events, so waiting for our exact version could wait forever). Until then
+    the cache is older than our write and must not trigger another one. Not relying on the event alone, the
+    reconciler re-queues the key when the wait gives up.
+    """
+
+    pending: dict[ConfigKey, tuple[str | None, float]] = field(default_factory=dict)
+
+    def wrote(self, key: ConfigKey, version_before: str | None) -> None:
+        self.pending[key] = (version_before, time.monotonic() + ECHO_TIMEOUT)
+
+    def seen(self, key: ConfigKey, resource_version: str | None) -> None:
+        if key in self.pending and self.pending[key][0] != resource_version:
+            del self.pending[key]
+
+    def waiting(self, key: ConfigKey) -> bool:
+        entry = self.pending.get(key)
+        if entry is None:
+            return False
+        if time.monotonic() > entry[1]:
+            del self.pending[key]
+            return False
+        return True
+
+    def forget(self, key: ConfigKey) -> None:
+        self.pending.pop(key, None)
+
+
+class Reconciler:
+    def __init__(self, view: ClusterView, api: KubeApi, metrics: OperatorMetrics, *, workers: int = 4) -> None:
+        self._view = view
+        self._api = api
+        self._metrics = metrics
+        self._workers = workers
+        self._queue: asyncio.Queue[ConfigKey] = asyncio.Queue()
+        self._queued: set[ConfigKey] = set()
+        self._running: set[ConfigKey] = set()
+        self._again: set[ConfigKey] = set()
+        self._ds_echo = _Echo()
+        self._status_echo = _Echo()
+        self._resolution: dict[ConfigKey, conflict_rules.Resolution] | None = None
+        self.statuses: dict[ConfigKey, Mapping[str, Any]] = {}  # last computed, for the metrics
+
+    # ---- the queue ------------------------------------------------------------------------------------------
+
+    def enqueue(self, key: ConfigKey) -> None:
+        if key in self._running:
+            self._again.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def enqueue_all(self, keys: Iterable[ConfigKey] | None = None) -> None:
+        for key in keys if keys is not None else (key_of(b) for b in self._view.configs()):
+            self.enqueue(key)
+
+    def topology_changed(self) -> None:
+        """Configs or nodes changed: conflicts must be recomputed."""
+        self._resolution = None
+
+    def seen_daemonset(self, key: ConfigKey, resource_version: str | None) -> None:
+        """The watch delivered this version of the config's DaemonSet."""
+        self._ds_echo.seen(key, resource_version)
+
+    def seen_config(self, key: ConfigKey, resource_version: str | None) -> None:
+        self._status_echo.seen(key, resource_version)
+
+    def idle(self) -> bool:
+        return not self._queued and not self._running
+
+    async def run(self) -> None:
+        await asyncio.gather(*(self._worker() for _ in range(self._workers)))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._running.add(key)
+            try:
+                await self.reconcile(key)
+            finally:
+                self._running.discard(key)
+                if key in self._again:
+                    self._again.discard(key)
+                    self.enqueue(key)
+
+    # ---- one config ---------------------------------------------------------------------------------------
+
+    async def reconcile(self, key: ConfigKey) -> str:
+        started = time.monotonic()
+        try:
+            result = await self._reconcile(key)
+        except ApiException as exc:
+            log.warning("reconcile %s: API error %s %s", key, exc.status, exc.reason)
+            self._metrics.failures.labels("api_error").inc()
+            result = "failed"
+        except Exception:
+            log.exception("reconcile %s failed", key)
+            self._metrics.failures.labels("internal").inc()
+            result = "failed"
+        self._metrics.reconciles.labels(result).inc()
+        self._metrics.duration.observe(time.monotonic() - started)
+        return result
+
+    async def _reconcile(self, key: ConfigKey) -> str:
+        body = self._view.config(key)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            # Deleted: the DaemonSet goes by ownerReference garbage collection, nothing of ours to clean up.
+            self.statuses.pop(key, None)
+            self._ds_echo.forget(key)
+            self._status_echo.forget(key)
+            return "unchanged"
+        meta = body["metadata"]
+        generation = int(meta.get("generation", 0))
+        live = self._view.daemonset(key)
+        try:
+            spec = DevicePluginConfigSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            self._metrics.failures.labels("invalid_spec").inc()
+            invalid = ("InvalidSpec", _validation_message(exc))
+            observed = Observed(generation, paused=True, daemonset=live, problem=invalid)
+            return await self._write_status(key, body, observed)
+
+        resolution = self._resolve().get(key, conflict_rules.Resolution(frozenset(), ()))
+        problem: tuple[str, str] | None = None
+        config_hash = None
+        if spec.configMapRef is not None:
+            config_hash = self._view.configmap_hash(key.namespace, spec.configMapRef.name)
+            if config_hash is None:
+                problem = ("ConfigMapMissing", f"ConfigMap {key.namespace}/{spec.configMapRef.name} not found")
+                config_hash = "missing"
+        rendered = render_daemonset(
+            Owner(key, str(meta["uid"])), spec, config_hash=config_hash, excluded_nodes=resolution.excluded
+        )
+        if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
+            return "unchanged"  # the cache is older than our last write; its watch event brings us back
+        changed = False
+        if not spec.paused:
+            try:
+                written = await self._apply_daemonset(key, rendered, live)
+            except ApiException as exc:
+                if exc.status == 409 and live is None:
+                    problem = (
+                        "DaemonSetNotOurs",
+                        f"DaemonSet {key.namespace}/{key.daemonset} exists and is not "
+                        "managed by this config: delete or rename it",
+                    )
+                    self._metrics.failures.labels("conflict").inc()
+                elif exc.status == 409:
+                    return "unchanged"  # our cache was stale: the watch event that follows brings us back
+                else:
+                    problem = ("DaemonSetRejected", f"the API server refused the DaemonSet: {_api_message(exc)}")
+                    self._metrics.failures.labels("api_error").inc()
+                written = None
+            if written is not None:
+                live, changed = written, True
+        observed = Observed(
+            generation,
+            paused=spec.paused,
+            daemonset=live,
+            pod_problems=tuple(self._view.pod_problems(key)),
+            conflicts=resolution.conflicts,
+            problem=problem,
+        )
+        status_result = await self._write_status(key, body, observed)
+        return "changed" if changed or status_result == "changed" else status_result
+
+    def _resolve(self) -> dict[ConfigKey, conflict_rules.Resolution]:
+        if self._resolution is None:
+            candidates = [c for c in (candidate_of(b) for b in self._view.configs()) if c is not None]
+            self._resolution = conflict_rules.resolve(candidates, self._view.nodes())
+        return self._resolution
+
+    async def _apply_daemonset(
+        self, key: ConfigKey, rendered: dict[str, Any], live: Mapping[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """Create or repair the DaemonSet; None when it already carries what we rendered (or our write is pending)."""
+        if live is None:
+            affinity = rendered["spec"]["template"]["spec"].get("affinity")
+            log.info(
+                "creating DaemonSet %s/%s", key.namespace, key.daemonset, extra={"excludedNodes": _excluded(affinity)}
+            )
+            self._metrics.writes.labels("daemonset_create").inc()
+            return await self._write(self._ds_echo, key, None, self._api.create_daemonset(rendered))
+        drift = drifted_fields(rendered, live)
+        if render_hash(live) == render_hash(rendered) and not drift:
+            return None
+        affinity = rendered["spec"]["template"]["spec"].get("affinity")
+        log.info(
+            "updating DaemonSet %s/%s: %s",
+            key.namespace,
+            key.daemonset,
+            ", ".join(drift[:5]) or "new rendering",
+            extra={"drift": drift[:20], "excludedNodes": _excluded(affinity)},
+        )
+        live_meta = live["metadata"]
+        body = {
+            **rendered,
+            "metadata": {
+                **rendered["metadata"],
+                "resourceVersion": live_meta.get("resourceVersion"),
+                # Labels/annotations others put on the DaemonSet stay; ours win.
+                "labels": {**(live_meta.get("labels") or {}), **rendered["metadata"]["labels"]},
+                "annotations": {**(live_meta.get("annotations") or {}), **rendered["metadata"]["annotations"]},
+            },
+        }
+        self._metrics.writes.labels("daemonset_update").inc()
+        return await self._write(
+            self._ds_echo, key, live_meta.get("resourceVersion"), self._api.replace_daemonset(body)
+        )
+
+    async def _write_status(self, key: ConfigKey, body: Mapping[str, Any], observed: Observed) -> str:
+        previous = body.get("status") or {}
+        status = compute_status(observed, previous, now_rfc3339())
+        self.statuses[key] = status
+        if status == previous:
+            return "unchanged"
+        patch: dict[str, Any] = {k: None for k in previous if k not in status}
+        patch.update(status)
+        self._metrics.writes.labels("status").inc()
+        try:
+            await self._write(
+                self._status_echo, key, body["metadata"].get("resourceVersion"), self._api.patch_status(key, patch)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return "unchanged"  # deleted meanwhile
+            raise
+        return "changed"
+
+    async def _write(
+        self, echo: _Echo, key: ConfigKey, version_before: str | None, request: Awaitable[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Send a write, marking its echo as awaited first: the watch event may arrive before the response does."""
+        echo.wrote(key, version_before)
+        try:
+            result = await request
+        except BaseException:
+            echo.forget(key)
+            raise
+        if _version(result) == version_before:
+            echo.forget(key)  # the write changed nothing (the cache was behind): no watch event will follow
+        else:
+            asyncio.get_running_loop().call_later(ECHO_TIMEOUT + 0.1, self.enqueue, key)
+        return result
+
+
+def _version(body: Mapping[str, Any]) -> str | None:
+    value = (body.get("metadata") or {}).get("resourceVersion")
+    return str(value) if value is not None else None
+
+
+def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:
+    terms = (affinity or {}).get("nodeAffinity", {}).get("requiredDuringSchedulingIgnoredDuringExecution", {})
+    return [v for t in terms.get("nodeSelectorTerms", []) for f in t.get("matchFields", []) for v in f["values"]]
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]]
+    return "; ".join(parts)
+
+
+def _api_message(exc: ApiException) -> str:
+    import json
+
+    try:
+        return str(json.loads(exc.body or "{}").get("message") or exc.reason)
+    except (ValueError, AttributeError):
+        return str(exc.reason)

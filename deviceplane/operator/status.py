@@ -1,0 +1,213 @@
+"""A config's status from its DaemonSet, its pods and its conflicts (pure).
+
+Readiness is observedGeneration-aware: counts from a DaemonSet status the controller computed for an older spec do
+not make a config Ready. Messages name the cause: which pods fail and why, which config shares which nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplane.api.dpc import MAX_CONFLICT_NODES, ConditionView, ConflictView, DevicePluginConfigStatus
+from deviceplane.operator.conflicts import Conflict
+
+MAX_NAMED_PODS = 3
+# Waiting reasons that mean the pod will not get better by itself (the kubelet's own strings).
+FAILING_WAIT_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    name: str
+    node: str
+    reason: str
+    message: str = ""
+
+    def describe(self) -> str:
+        where = f" on {self.node}" if self.node else ""
+        detail = f" ({_clip(self.message)})" if self.message else ""
+        return f"{self.name}{where}: {self.reason}{detail}"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything the status is computed from."""
+
+    generation: int
+    paused: bool
+    daemonset: Mapping[str, Any] | None  # the live DaemonSet, None if it does not exist (yet)
+    pod_problems: Sequence[PodProblem] = ()
+    conflicts: Sequence[Conflict] = ()
+    problem: tuple[str, str] | None = None  # (reason, message): something only the operator knows, e.g. a write error
+
+
+def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
+    """Why a plugin pod is failing, or None when it is fine or still starting normally. Tolerates any shape."""
+    meta, spec, status = _map(pod.get("metadata")), _map(pod.get("spec")), _map(pod.get("status"))
+    name, node = _text(meta.get("name")) or "?", _text(spec.get("nodeName"))
+    if status.get("phase") == "Failed":
+        return PodProblem(name, node, _text(status.get("reason")) or "Failed", _text(status.get("message")))
+    for cond in map(_map, _list(status.get("conditions"))):
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return PodProblem(name, node, _text(cond.get("reason")) or "Unschedulable", _text(cond.get("message")))
+    for cs in map(_map, _list(status.get("initContainerStatuses")) + _list(status.get("containerStatuses"))):
+        state = _map(cs.get("state"))
+        waiting = _map(state.get("waiting"))
+        if waiting.get("reason") in FAILING_WAIT_REASONS:
+            return PodProblem(name, node, _text(waiting["reason"]), _text(waiting.get("message")))
+        terminated = _map(state.get("terminated"))
+        code = terminated.get("exitCode", 0)
+        if terminated and code != 0:
+            reason = _text(terminated.get("reason")) or f"exit code {code}"
+            return PodProblem(name, node, reason, _text(terminated.get("message")))
+    return None
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def compute_status(observed: Observed, previous: Mapping[str, Any] | None, now: str) -> dict[str, Any]:
+    """The status to write (JSON); lastTransitionTime kept from `previous` for conditions whose status holds."""
+    ds = observed.daemonset
+    ds_status = (ds or {}).get("status") or {}
+    status = DevicePluginConfigStatus(
+        observedGeneration=observed.generation,
+        daemonSet=(ds or {}).get("metadata", {}).get("name"),
+        desiredNumberScheduled=int(ds_status.get("desiredNumberScheduled", 0)),
+        numberReady=int(ds_status.get("numberReady", 0)),
+        updatedNumberScheduled=int(ds_status.get("updatedNumberScheduled", 0)),
+        numberAvailable=int(ds_status.get("numberAvailable", 0)),
+        conflicts=[_conflict_view(c) for c in observed.conflicts],
+        conditions=_conditions(observed, ds_status),
+    )
+    out = status.model_dump(mode="json", exclude_none=True)
+    out["conditions"] = _keep_transition_times(out["conditions"], (previous or {}).get("conditions") or [], now)
+    return out
+
+
+def _conflict_view(c: Conflict) -> ConflictView:
+    return ConflictView(
+        config=str(c.other), owner=c.owner, nodes=list(c.nodes[:MAX_CONFLICT_NODES]), nodeCount=len(c.nodes)
+    )
+
+
+def _conditions(observed: Observed, ds_status: Mapping[str, Any]) -> list[ConditionView]:
+    gen = observed.generation
+    ready, progressing = _rollout(observed, ds_status)
+    degraded = _degraded(observed)
+    conflict = _conflict_condition(observed.conflicts)
+    return [
+        ConditionView(type="Ready", status=ready[0], reason=ready[1], message=ready[2], observedGeneration=gen),
+        ConditionView(
+            type="Progressing",
+            status=progressing[0],
+            reason=progressing[1],
+            message=progressing[2],
+            observedGeneration=gen,
+        ),
+        ConditionView(
+            type="Degraded", status=degraded[0], reason=degraded[1], message=degraded[2], observedGeneration=gen
+        ),
+        ConditionView(
+            type="Conflict", status=conflict[0], reason=conflict[1], message=conflict[2], observedGeneration=gen
+        ),
+    ]
+
+
+Triple = tuple[Any, str, str]
+
+
+def _rollout(observed: Observed, s: Mapping[str, Any]) -> tuple[Triple, Triple]:
+    ds = observed.daemonset
+    if ds is None:
+        if observed.paused:
+            return ("False", "Paused", "paused before its DaemonSet was created"), ("False", "Paused", "paused")
+        return ("False", "DaemonSetMissing", "the DaemonSet does not exist yet"), (
+            "True",
+            "Creating",
+            "creating the DaemonSet",
+        )
+    name = ds.get("metadata", {}).get("name", "?")
+    ds_gen = int(ds.get("metadata", {}).get("generation", 0))
+    seen_gen = int(s.get("observedGeneration", 0))
+    paused = ("False", "Paused", "paused: the DaemonSet is left as it is") if observed.paused else None
+    if seen_gen < ds_gen:
+        msg = f"the DaemonSet controller has not observed generation {ds_gen} of {name} yet"
+        return ("False", "Pending", msg), paused or ("True", "Pending", msg)
+    desired = int(s.get("desiredNumberScheduled", 0))
+    updated = int(s.get("updatedNumberScheduled", 0))
+    available = int(s.get("numberAvailable", 0))
+    scheduled = int(s.get("currentNumberScheduled", 0))
+    unavailable = int(s.get("numberUnavailable", 0))
+    if desired == 0:
+        msg = "no node matches the nodeSelector and tolerations"
+        return ("True", "NoNodes", msg), paused or ("False", "Complete", msg)
+    if updated == desired and available == desired and unavailable == 0:
+        msg = f"{available}/{desired} plugin pods available and up to date"
+        return ("True", "Available", msg), paused or ("False", "Complete", msg)
+    parts = [f"{available}/{desired} available", f"{updated}/{desired} up to date"]
+    if scheduled < desired:
+        parts.append(f"{desired - scheduled} pods not created (see the DaemonSet's events)")
+    msg = ", ".join(parts)
+    return ("False", "RollingOut", msg), paused or ("True", "RollingOut", msg)
+
+
+def _degraded(observed: Observed) -> Triple:
+    if observed.problem is not None:
+        return ("True", observed.problem[0], observed.problem[1])
+    problems = list(observed.pod_problems)
+    if problems:
+        named = "; ".join(p.describe() for p in sorted(problems, key=lambda p: p.name)[:MAX_NAMED_PODS])
+        more = f" (and {len(problems) - MAX_NAMED_PODS} more)" if len(problems) > MAX_NAMED_PODS else ""
+        return ("True", "PodsFailing", f"{len(problems)} plugin pods failing: {named}{more}")
+    return ("False", "AsExpected", "")
+
+
+def _conflict_condition(conflicts: Sequence[Conflict]) -> Triple:
+    if not conflicts:
+        return ("False", "NoConflict", "")
+    parts = []
+    for c in conflicts:
+        shown = ", ".join(c.nodes[:MAX_CONFLICT_NODES]) + (" ..." if len(c.nodes) > MAX_CONFLICT_NODES else "")
+        role = "this config is older and keeps them" if c.owner else "it is older and keeps them"
+        parts.append(f"{c.other} serves the same resource on {len(c.nodes)} nodes ({role}): {shown}")
+    reason = "YieldsNodes" if any(not c.owner for c in conflicts) else "KeepsNodes"
+    return ("True", reason, "; ".join(parts))
+
+
+def _keep_transition_times(
+    new: Iterable[dict[str, Any]], old: Iterable[Mapping[str, Any]], now: str
+) -> list[dict[str, Any]]:
+    before = {c.get("type"): c for c in old}
+    out = []
+    for cond in new:
+        prev = before.get(cond["type"])
+        same = prev is not None and prev.get("status") == cond["status"] and prev.get("lastTransitionTime")
+        out.append({**cond, "lastTransitionTime": prev["lastTransitionTime"] if same and prev else now})
+    return out
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

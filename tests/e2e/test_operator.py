@@ -1,0 +1,421 @@
+"""The operator against the real control plane: `kubectl apply -f manifests/`, then DevicePluginConfigs become plugin
+DaemonSets whose pods run on exactly the matching kwok nodes; rollouts, drift repair, garbage collection, node
+moves, conflicts between configs, refused invalid objects, and no writes at rest.
+
+The operator runs as a real process (`python -m deviceplane operator`) with the ServiceAccount identity the
+manifests' RBAC grants (a client certificate for system:serviceaccount:deviceplane-system:deviceplane-operator), so
+every test also proves that RBAC is enough. One operator per module; the apiserver's audit log counts its writes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .cluster import REPO, Cluster, KubectlError
+from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
+from .procs import Procs, wait_for
+
+MANIFESTS = REPO / "manifests"
+EXAMPLES = MANIFESTS / "examples"
+ROLLOUT = 90  # seconds: scheduler + kwok + DaemonSet controller on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Cluster:
+    """`kubectl apply -f manifests/` (namespace, CRDs, RBAC, operator Deployment, agent files when present)."""
+    out = cluster.kubectl("apply", "-f", str(MANIFESTS))
+    assert "devicepluginconfigs.deviceplane.io" in out and "clusterrole.rbac.authorization.k8s.io" in out, out
+    cluster.kubectl("wait", "--for=condition=Established", "crd/devicepluginconfigs.deviceplane.io", "--timeout=60s")
+    return cluster
+
+
+@pytest.fixture(scope="module")
+def operator(installed: Cluster, procs: Procs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    assert installed.pki is not None
+    kubeconfig = installed.pki.kubeconfig(
+        installed.server, OPERATOR_USER, OPERATOR_GROUPS, path=tmp_path_factory.mktemp("op") / "operator.kubeconfig"
+    )
+    op = Operator(installed, procs, kubeconfig)
+    op.start()
+    yield op
+    op.stop()
+
+
+def tag() -> str:
+    return os.urandom(3).hex()
+
+
+def dpc(name: str, namespace: str, resource: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "deviceplane.io/v1alpha1",
+        "kind": "DevicePluginConfig",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"resourceName": resource, "image": "localhost/deviceplane:0.1.0", "args": ["plugin", "sim"], **spec},
+    }
+
+
+def pods_by_node(cluster: Cluster, namespace: str, config: str) -> dict[str, dict[str, Any]]:
+    items = cluster.get_json("pods", "-n", namespace, "-l", f"deviceplane.io/config={config}")["items"]
+    return {p["spec"].get("nodeName", ""): p for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def running_on(cluster: Cluster, namespace: str, config: str) -> set[str]:
+    return {n for n, p in pods_by_node(cluster, namespace, config).items() if p["status"].get("phase") == "Running"}
+
+
+def condition(cluster: Cluster, namespace: str, name: str, kind: str) -> dict[str, Any]:
+    status = cluster.get_json("dpc", name, "-n", namespace).get("status") or {}
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def wait_ready(cluster: Cluster, op: Operator, namespace: str, name: str, nodes: set[str]) -> None:
+    assert op.proc is not None
+    wait_for(
+        f"{namespace}/{name} Running on exactly {sorted(nodes)}",
+        lambda: running_on(cluster, namespace, name) == nodes and set(pods_by_node(cluster, namespace, name)) == nodes,
+        procs=[op.proc],
+        timeout=ROLLOUT,
+    )
+    wait_for(
+        f"{namespace}/{name} Ready",
+        lambda: condition(cluster, namespace, name, "Ready").get("status") == "True",
+        procs=[op.proc],
+        timeout=ROLLOUT,
+    )
+
+
+def delete_configs(cluster: Cluster, namespace: str, *names: str) -> None:
+    """Delete configs and wait for their plugin pods to go while the kwok nodes still exist: namespace deletion
+    removes pods first, and a pod left on a deleted kwok node (no kubelet, no pod GC here) never goes."""
+    cluster.kubectl("delete", "dpc", "-n", namespace, "--ignore-not-found", "--wait=true", *names)
+    wait_for(
+        f"the plugin pods of {namespace}/{','.join(names)} to be deleted",
+        lambda: (
+            not cluster.get_json("pods", "-n", namespace, "-l", "app.kubernetes.io/managed-by=deviceplane-operator")[
+                "items"
+            ]
+        ),
+        timeout=ROLLOUT,
+    )
+
+
+# ---- install + example --------------------------------------------------------------------------------------
+
+
+def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kwok_nodes, namespace: str) -> None:
+    cluster = operator.cluster
+    cola_taint = [{"key": "example.com/cola", "effect": "NoSchedule", "value": "x"}]
+    cola = set(kwok_nodes(2, prefix="cola", labels={"example.com/cola": "true"}, taints=cola_taint))
+    kwok_nodes(1, prefix="plain", taints=[])
+    cluster.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES / "files.yaml"))
+    wait_ready(cluster, operator, namespace, "cola", cola)
+
+    ds = cluster.get_json("daemonset", "cola-plugin", "-n", namespace)
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"example.com/cola": "true"}
+    assert {"key": "example.com/cola", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    registration = next(v for v in pod["volumes"] if v["name"] == "device-plugins")
+    assert registration["hostPath"]["path"] == "/var/lib/kubelet/device-plugins"
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "device-plugins")
+    assert mount["mountPath"] == "/var/lib/kubelet/device-plugins"
+    owner = ds["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("DevicePluginConfig", "cola", True)
+
+    # `kubectl get dpc` reads well: Desired and Ready match the nodes.
+    table = cluster.kubectl("get", "dpc", "-n", namespace).splitlines()
+    assert table[0].split()[:6] == ["NAME", "RESOURCE", "DESIRED", "READY", "UP-TO-DATE", "CONFLICT"], table
+    assert table[1].split()[:6] == ["cola", "example.com/cola", "2", "2", "2", "False"], table
+    body = cluster.get_json("dpc", "cola", "-n", namespace)
+    assert not body["metadata"].get("finalizers"), "no finalizer may be left on a config"
+    assert not any(k.startswith("kopf.") for k in body["metadata"].get("annotations", {})), body["metadata"]
+
+    # `kubectl explain` reads the generated descriptions.
+    assert "Whom the plugin registers with" in cluster.kubectl("explain", "dpc.spec.target")
+    assert "Healthy devices over all resources" in cluster.kubectl("explain", "nodedevices.status.healthyCount")
+
+    # The other two examples are valid objects (server-side dry run: schema and CEL rules).
+    for example in ("sim.yaml", "generic-device-plugin.yaml"):
+        cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(EXAMPLES / example))
+    delete_configs(cluster, namespace, "cola")
+
+
+# ---- invalid objects ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"resourceName": "gpu"}, "resourceName must be an extended resource name"),
+        ({"resourceName": "kubernetes.io/gpu"}, "must not be in the kubernetes.io domain"),
+        ({"image": None}, "spec.image: Required value"),
+        ({"image": " "}, "image must not be empty"),
+        ({"updateStrategy": {"maxUnavailable": 0}}, "maxUnavailable must be an integer >= 1 or a percentage"),
+        ({"target": "gpu-agent"}, 'spec.target: Unsupported value: "gpu-agent": supported values: "kubelet", "agent"'),
+    ],
+    ids=["bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0", "unknown-target"],
+)
+def test_invalid_objects_are_refused_with_a_clear_message(
+    installed: Cluster, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    body = dpc("bad", namespace, "example.com/ok")
+    body["spec"].update(spec)
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
+    with pytest.raises(KubectlError) as err:
+        installed.apply(body)
+    assert message in err.value.stderr, err.value.stderr
+    assert installed.kubectl("get", "dpc", "-n", namespace, "-o", "name").strip() == ""
+
+
+# ---- rollouts, drift, relabelling, garbage collection ----------------------------------------------------------
+
+
+def pod_uids(cluster: Cluster, namespace: str, name: str) -> set[str]:
+    return {p["metadata"]["uid"] for p in pods_by_node(cluster, namespace, name).values()}
+
+
+def test_rollouts_drift_relabel_and_garbage_collection(operator: Operator, kwok_nodes, namespace: str) -> None:
+    cluster = operator.cluster
+    t = tag()
+    label = f"e2e-roll-{t}"
+    first, second = kwok_nodes(2, prefix="roll", taints=[])
+    cluster.kubectl("label", "node", first, f"{label}=yes")
+    cluster.kubectl("create", "configmap", "sim-config", "-n", namespace, "--from-literal=devices=4")
+    cluster.apply(
+        dpc(
+            "roll", namespace, f"example.com/roll-{t}", nodeSelector={label: "yes"}, configMapRef={"name": "sim-config"}
+        )
+    )
+    wait_ready(cluster, operator, namespace, "roll", {first})
+    ds_name = "roll-plugin"
+
+    def rolled_from(before: set[str]) -> Callable[[], bool]:
+        return lambda: (
+            (now := pod_uids(cluster, namespace, "roll")) != set()
+            and not (now & before)
+            and running_on(cluster, namespace, "roll") == {first}
+        )
+
+    # 1. New args roll the pods.
+    before = pod_uids(cluster, namespace, "roll")
+    cluster.kubectl(
+        "patch",
+        "dpc",
+        "roll",
+        "-n",
+        namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"args":["plugin","sim","--count","2"]}}',
+    )
+    wait_for("new args to roll the pod", rolled_from(before), procs=[operator.proc], timeout=ROLLOUT)
+    args = cluster.get_json("daemonset", ds_name, "-n", namespace)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args == ["plugin", "sim", "--count", "2"]
+
+    # 2. A change of the referenced ConfigMap's content rolls the pods (its hash is in the pod template).
+    before = pod_uids(cluster, namespace, "roll")
+    cluster.kubectl(
+        "patch", "configmap", "sim-config", "-n", namespace, "--type=merge", "-p", '{"data":{"devices":"8"}}'
+    )
+    wait_for("the ConfigMap change to roll the pod", rolled_from(before), procs=[operator.proc], timeout=ROLLOUT)
+
+    # 3. A hand edit of the DaemonSet is reverted within 10 s.
+    cluster.kubectl(
+        "patch",
+        "daemonset",
+        ds_name,
+        "-n",
+        namespace,
+        "--type=json",
+        "-p",
+        '[{"op":"replace","path":"/spec/template/spec/containers/0/args","value":["--hand-edited"]}]',
+    )
+    edited = time.monotonic()
+
+    def reverted() -> bool:
+        ds = cluster.get_json("daemonset", ds_name, "-n", namespace)
+        return ds["spec"]["template"]["spec"]["containers"][0]["args"] == ["plugin", "sim", "--count", "2"]
+
+    wait_for("the operator to revert the hand edit", reverted, procs=[operator.proc], timeout=10)
+    print(f"hand edit reverted after {time.monotonic() - edited:.2f} s")
+
+    # 4. Paused: a spec change leaves the DaemonSet alone (and says so); unpausing applies it.
+    cluster.kubectl(
+        "patch", "dpc", "roll", "-n", namespace, "--type=merge",
+        "-p", '{"spec":{"paused":true,"args":["plugin","sim","--count","3"]}}',
+    )  # fmt: skip
+    wait_for(
+        "Progressing=False/Paused",
+        lambda: condition(cluster, namespace, "roll", "Progressing").get("reason") == "Paused",
+        timeout=30,
+    )
+    time.sleep(2)
+    assert reverted(), "a paused config's DaemonSet changed"
+    cluster.kubectl("patch", "dpc", "roll", "-n", namespace, "--type=merge", "-p", '{"spec":{"paused":false}}')
+
+    def unpaused() -> bool:
+        ds = cluster.get_json("daemonset", ds_name, "-n", namespace)
+        return ds["spec"]["template"]["spec"]["containers"][0]["args"] == ["plugin", "sim", "--count", "3"]
+
+    wait_for("unpausing to apply the change", unpaused, procs=[operator.proc], timeout=30)
+
+    # 5. Relabelling nodes moves the plugin pod.
+    cluster.kubectl("label", "node", first, f"{label}-")
+    cluster.kubectl("label", "node", second, f"{label}=yes")
+    wait_ready(cluster, operator, namespace, "roll", {second})
+
+    # 6. Deleting the config garbage-collects the DaemonSet and its pods.
+    cluster.kubectl("delete", "dpc", "roll", "-n", namespace, "--wait=true", "--timeout=60s")
+
+    def gone() -> bool:
+        names = cluster.kubectl("get", "daemonset", "-n", namespace, "-o", "name")
+        return ds_name not in names and not pods_by_node(cluster, namespace, "roll")
+
+    wait_for("the DaemonSet and its pods to be garbage-collected", gone, timeout=ROLLOUT)
+
+
+# ---- degraded: the status names the failing pod and why ----------------------------------------------------------
+
+
+def test_degraded_names_the_failing_pod_and_the_cause(operator: Operator, kwok_nodes, namespace: str) -> None:
+    cluster = operator.cluster
+    t = tag()
+    (node,) = kwok_nodes(1, prefix="small", labels={f"e2e-small-{t}": "1"}, taints=[])
+    # A plugin asking for more CPU than the node has: the scheduler leaves its pod Pending (Unschedulable).
+    cluster.apply(
+        dpc("hungry", namespace, f"example.com/hungry-{t}", nodeSelector={f"e2e-small-{t}": "1"},
+            resources={"requests": {"cpu": "64"}})
+    )  # fmt: skip
+
+    def degraded() -> bool:
+        c = condition(cluster, namespace, "hungry", "Degraded")
+        return c.get("status") == "True" and "Insufficient cpu" in c.get("message", "")
+
+    wait_for(
+        "Degraded naming the unschedulable pod",
+        degraded,
+        procs=[operator.proc] if operator.proc else [],
+        timeout=ROLLOUT,
+    )
+    message = condition(cluster, namespace, "hungry", "Degraded")["message"]
+    (pod,) = cluster.get_json("pods", "-n", namespace, "-l", "deviceplane.io/config=hungry")["items"]
+    assert pod["metadata"]["name"] in message and "Unschedulable" in message, message
+    assert condition(cluster, namespace, "hungry", "Ready")["status"] == "False"
+    delete_configs(cluster, namespace, "hungry")
+    assert node
+
+    # A DaemonSet of the config's name that someone else made is left alone, and the status says so.
+    foreign = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "taken-plugin", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "foreign"}},
+            "template": {
+                "metadata": {"labels": {"app": "foreign"}},
+                "spec": {"nodeSelector": {"none": "none"}, "containers": [{"name": "c", "image": "foreign:1"}]},
+            },
+        },
+    }
+    cluster.apply(foreign)
+    cluster.apply(dpc("taken", namespace, f"example.com/taken-{t}"))
+    wait_for(
+        "Degraded=DaemonSetNotOurs",
+        lambda: condition(cluster, namespace, "taken", "Degraded").get("reason") == "DaemonSetNotOurs",
+        timeout=30,
+    )
+    assert "taken-plugin" in condition(cluster, namespace, "taken", "Degraded")["message"]
+    live = cluster.get_json("daemonset", "taken-plugin", "-n", namespace)
+    assert live["spec"]["template"]["spec"]["containers"][0]["image"] == "foreign:1"
+    assert not live["metadata"].get("ownerReferences")
+
+
+# ---- conflicts ---------------------------------------------------------------------------------------------
+
+
+def test_overlapping_configs_older_keeps_shared_nodes(operator: Operator, kwok_nodes, namespace: str) -> None:
+    cluster = operator.cluster
+    t = tag()
+    x, y = f"e2e-x-{t}", f"e2e-y-{t}"
+    (only_x,) = kwok_nodes(1, prefix="ox", labels={x: "1"}, taints=[])
+    (both,) = kwok_nodes(1, prefix="xy", labels={x: "1", y: "1"}, taints=[])
+    (only_y,) = kwok_nodes(1, prefix="oy", labels={y: "1"}, taints=[])
+    other_ns = f"{namespace}-b"
+    cluster.kubectl("create", "namespace", other_ns)
+    try:
+        resource = f"example.com/shared-{t}"
+        cluster.apply(dpc("old", namespace, resource, nodeSelector={x: "1"}))
+        wait_ready(cluster, operator, namespace, "old", {only_x, both})
+        time.sleep(1.1)  # creationTimestamp has one-second resolution: make "newer" unambiguous
+        cluster.apply(dpc("new", other_ns, resource, nodeSelector={y: "1"}))
+        wait_ready(cluster, operator, other_ns, "new", {only_y})
+        assert running_on(cluster, namespace, "old") == {only_x, both}
+
+        old_conflict = condition(cluster, namespace, "old", "Conflict")
+        new_conflict = condition(cluster, other_ns, "new", "Conflict")
+        assert old_conflict["status"] == "True" and f"{other_ns}/new" in old_conflict["message"], old_conflict
+        assert new_conflict["status"] == "True" and f"{namespace}/old" in new_conflict["message"], new_conflict
+        assert both in new_conflict["message"]
+        conflicts = cluster.get_json("dpc", "new", "-n", other_ns)["status"]["conflicts"]
+        assert conflicts == [{"config": f"{namespace}/old", "owner": False, "nodes": [both], "nodeCount": 1}]
+        table = cluster.kubectl("get", "dpc", "new", "-n", other_ns).splitlines()
+        assert table[1].split()[5] == "True", table  # the Conflict column
+
+        # Deleting the older config hands the shared node over.
+        cluster.kubectl("delete", "dpc", "old", "-n", namespace)
+        wait_ready(cluster, operator, other_ns, "new", {both, only_y})
+        wait_for(
+            "the conflict to clear",
+            lambda: condition(cluster, other_ns, "new", "Conflict").get("status") == "False",
+            timeout=30,
+        )
+    finally:
+        delete_configs(cluster, namespace, "old")
+        delete_configs(cluster, other_ns, "new")
+        cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
+
+
+# ---- rest: restart without writes, 60 s of steady state --------------------------------------------------------
+
+
+def test_restart_causes_no_writes_and_steady_state_sends_no_mutating_request(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    cluster = operator.cluster
+    # Earlier tests' namespaces and nodes must be gone first: their deletion legitimately changes statuses.
+    wait_for(
+        "earlier tests' configs to be deleted",
+        lambda: all(d["metadata"]["namespace"] == namespace for d in cluster.get_json("dpc", "-A")["items"]),
+        timeout=ROLLOUT,
+    )
+    t = tag()
+    label = f"e2e-rest-{t}"
+    nodes = set(kwok_nodes(2, prefix="rest", labels={label: "1"}, taints=[]))
+    for i in range(3):
+        cluster.apply(dpc(f"rest-{i}", namespace, f"example.com/rest-{i}-{t}", nodeSelector={label: "1"}))
+    for i in range(3):
+        wait_ready(cluster, operator, namespace, f"rest-{i}", nodes)
+    assert operator.writes(), "the audit log shows none of the operator's writes: the counting itself is broken"
+    time.sleep(3)  # let the last status writes land
+
+    operator.stop()
+    before = len(operator.writes())
+    configs = len(cluster.get_json("dpc", "-A")["items"])
+    operator.start()
+    wait_for(
+        f"the restarted operator to reconcile all {configs} configs",
+        lambda: operator.metric("deviceplane_operator_reconcile_total") >= configs,
+        procs=[operator.proc] if operator.proc else [],
+        timeout=60,
+    )
+    time.sleep(60)
+    after = operator.writes()[before:]
+    assert after == [], [(e["verb"], e["objectRef"]) for e in after]
+    assert operator.metric("deviceplane_operator_writes_total") == 0
+    assert operator.metric('deviceplane_operator_reconcile_total{result="failed"}') == 0
+    delete_configs(cluster, namespace, *(f"rest-{i}" for i in range(3)))

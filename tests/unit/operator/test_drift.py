@@ -1,0 +1,81 @@
+"""Drift: what the API server adds is not drift (golden objects are real apiserver answers: `kubectl create
+--dry-run=server` of the golden DaemonSets); a hand edit of a field we own is."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deviceplane.operator.drift import drifted_fields, render_hash
+
+from .helpers import GOLDEN, spec
+
+EXAMPLE_NAMES = ("files", "sim", "generic-device-plugin")
+
+
+def _pair(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    rendered = yaml.safe_load((GOLDEN / f"{name}.daemonset.yaml").read_text())
+    live = json.loads((GOLDEN / f"{name}.daemonset.apiserver.json").read_text())
+    return rendered, live
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_apiserver_defaults_are_not_drift(name: str) -> None:
+    rendered, live = _pair(name)
+    assert live != rendered  # the API server did add defaults
+    assert drifted_fields(rendered, live) == []
+    assert render_hash(live) == render_hash(rendered) is not None
+
+
+@pytest.mark.parametrize(
+    ("edit", "path"),
+    [
+        (lambda ds: ds["spec"]["template"]["spec"]["containers"][0].update(args=["--evil"]), "args"),
+        (lambda ds: ds["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "X"}), "env"),
+        (lambda ds: ds["spec"]["template"]["spec"].update(priorityClassName="low"), "priorityClassName"),
+        (lambda ds: ds["spec"]["template"]["spec"]["volumes"][0]["hostPath"].update(path="/tmp"), "volumes"),
+        (lambda ds: ds["metadata"]["labels"].pop("deviceplane.io/config"), "labels"),
+        (lambda ds: ds["metadata"].update(ownerReferences=[]), "ownerReferences"),
+        (lambda ds: ds["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].update(memory="1Gi"), "res"),
+    ],
+)
+def test_hand_edits_of_owned_fields_are_drift(edit: Any, path: str) -> None:
+    rendered, live = _pair("files")
+    edited = copy.deepcopy(live)
+    edit(edited)
+    assert drifted_fields(rendered, edited), path
+
+
+def test_quantities_compare_by_value() -> None:
+    rendered, live = _pair("files")
+    live = copy.deepcopy(live)
+    live["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["memory"] = "33554432"  # = 32Mi
+    assert drifted_fields(rendered, live) == []
+
+
+def test_fields_we_do_not_set_are_left_alone() -> None:
+    rendered, live = _pair("files")
+    live = copy.deepcopy(live)
+    live["metadata"]["labels"]["team"] = "gpu"
+    live["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 5
+    assert drifted_fields(rendered, live) == []
+
+
+def test_spec_without_optional_fields_still_compares() -> None:
+    from deviceplane.operator.render import render_daemonset
+
+    from .helpers import owner
+
+    rendered = render_daemonset(owner("y"), spec())
+    assert drifted_fields(rendered, rendered) == []
+    assert drifted_fields(rendered, {"metadata": {}, "spec": {}})
+
+
+def test_golden_files_exist_for_every_example() -> None:
+    for name in EXAMPLE_NAMES:
+        assert Path(GOLDEN / f"{name}.daemonset.apiserver.json").exists()

@@ -1,0 +1,124 @@
+"""Status from the DaemonSet, pods and conflicts: observedGeneration-aware readiness, messages that name causes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from deviceplane.operator.conflicts import Conflict
+from deviceplane.operator.names import ConfigKey
+from deviceplane.operator.status import Observed, PodProblem, compute_status, pod_problem
+
+NOW = "2026-11-23T10:00:00Z"
+
+
+def ds(generation: int = 1, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "x-plugin", "generation": generation}, "status": status}
+
+
+def cond(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def test_ready_when_the_controller_saw_this_generation_and_all_pods_are_up() -> None:
+    live = ds(
+        2,
+        observedGeneration=2,
+        desiredNumberScheduled=3,
+        currentNumberScheduled=3,
+        updatedNumberScheduled=3,
+        numberAvailable=3,
+        numberReady=3,
+    )
+    s = compute_status(Observed(5, False, live), None, NOW)
+    assert (s["desiredNumberScheduled"], s["numberReady"], s["observedGeneration"], s["daemonSet"]) == (
+        3,
+        3,
+        5,
+        "x-plugin",
+    )
+    assert cond(s, "Ready")["status"] == "True" and cond(s, "Progressing")["status"] == "False"
+    assert cond(s, "Ready")["observedGeneration"] == 5
+
+
+def test_not_ready_while_the_controller_has_not_observed_the_new_generation() -> None:
+    live = ds(3, observedGeneration=2, desiredNumberScheduled=3, updatedNumberScheduled=3, numberAvailable=3)
+    s = compute_status(Observed(1, False, live), None, NOW)
+    assert cond(s, "Ready")["status"] == "False"
+    assert "generation 3" in cond(s, "Ready")["message"]
+    assert cond(s, "Progressing")["status"] == "True"
+
+
+def test_rolling_out_message_counts_and_missing_pods() -> None:
+    live = ds(
+        1,
+        observedGeneration=1,
+        desiredNumberScheduled=4,
+        currentNumberScheduled=2,
+        updatedNumberScheduled=1,
+        numberAvailable=2,
+        numberUnavailable=2,
+    )
+    s = compute_status(Observed(1, False, live), None, NOW)
+    msg = cond(s, "Progressing")["message"]
+    assert "2/4 available" in msg and "1/4 up to date" in msg and "2 pods not created" in msg
+
+
+def test_no_daemonset_yet_and_paused() -> None:
+    s = compute_status(Observed(1, False, None), None, NOW)
+    assert cond(s, "Ready")["reason"] == "DaemonSetMissing" and "daemonSet" not in s
+    paused = compute_status(Observed(1, True, ds(1, observedGeneration=1)), None, NOW)
+    assert cond(paused, "Progressing")["reason"] == "Paused"
+
+
+def test_degraded_names_failing_pods_bounded() -> None:
+    problems = [PodProblem(f"x-plugin-{i}", f"node-{i}", "CrashLoopBackOff", "back-off 5m0s") for i in range(5)]
+    s = compute_status(Observed(1, False, ds(1, observedGeneration=1), pod_problems=problems), None, NOW)
+    degraded = cond(s, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PodsFailing"
+    assert "5 plugin pods failing" in degraded["message"]
+    assert "x-plugin-0 on node-0: CrashLoopBackOff (back-off 5m0s)" in degraded["message"]
+    assert "x-plugin-4" not in degraded["message"] and "and 2 more" in degraded["message"]
+
+
+def test_operator_problem_wins_in_degraded() -> None:
+    s = compute_status(Observed(1, False, None, problem=("ConfigMapMissing", "ConfigMap ns/cfg not found")), None, NOW)
+    assert cond(s, "Degraded")["message"] == "ConfigMap ns/cfg not found"
+
+
+def test_conflict_condition_names_the_other_config_and_bounds_nodes() -> None:
+    nodes = tuple(f"node-{i:02d}" for i in range(30))
+    conflict = Conflict(ConfigKey("team-a", "gpu-old"), owner=False, nodes=nodes)
+    s = compute_status(Observed(1, False, None, conflicts=[conflict]), None, NOW)
+    c = cond(s, "Conflict")
+    assert c["status"] == "True" and c["reason"] == "YieldsNodes"
+    assert "team-a/gpu-old" in c["message"] and "30 nodes" in c["message"] and "node-29" not in c["message"]
+    (view,) = s["conflicts"]
+    assert view == {"config": "team-a/gpu-old", "owner": False, "nodes": list(nodes[:20]), "nodeCount": 30}
+
+
+def test_transition_time_kept_while_status_holds_and_equal_input_gives_equal_output() -> None:
+    first = compute_status(Observed(1, False, None), None, NOW)
+    again = compute_status(Observed(1, False, None), first, "2026-11-23T11:00:00Z")
+    assert again == first  # nothing changed: nothing to write
+    live = ds(1, observedGeneration=1, desiredNumberScheduled=0)
+    moved = compute_status(Observed(1, False, live), first, "2026-11-23T12:00:00Z")
+    assert cond(moved, "Ready")["lastTransitionTime"] == "2026-11-23T12:00:00Z"
+    assert cond(moved, "Degraded")["lastTransitionTime"] == NOW
+
+
+def test_pod_problem_reads_waiting_terminated_unschedulable_and_failed() -> None:
+    def pod(status: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": "p"}, "spec": {"nodeName": "n"}, "status": status}
+
+    waiting = {
+        "containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}]
+    }
+    assert pod_problem(pod(waiting)) == PodProblem("p", "n", "ImagePullBackOff", "no such image")
+    starting = {"containerStatuses": [{"state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    assert pod_problem(pod(starting)) is None
+    crashed = {"containerStatuses": [{"state": {"terminated": {"exitCode": 2, "reason": "Error"}}}]}
+    assert pod_problem(pod(crashed)).reason == "Error"  # type: ignore[union-attr]
+    unschedulable = {"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    assert pod_problem(pod(unschedulable)).reason == "Unschedulable"  # type: ignore[union-attr]
+    assert pod_problem(pod({"phase": "Failed", "reason": "Evicted"})).reason == "Evicted"  # type: ignore[union-attr]
+    assert pod_problem(pod({"phase": "Running"})) is None
