@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from deviceplane.core.constants import UNHEALTHY
 from deviceplane.core.registry import Device
 
 POLICY_NONE = "none"
@@ -35,18 +34,6 @@ def mask_of(nodes: Iterable[int]) -> int:
         if 0 <= node < MAX_NUMA_NODES:  # bounded: `1 << 2**62` would exhaust memory
             mask |= 1 << node
     return mask
-
-
-def refuse_unrepresentable_topology(devices: list[Device]) -> list[tuple[Device, str]]:
-    """Replace, in place, each device reporting a NUMA node id no bitmask can hold by an Unhealthy copy (it cannot
-    be placed by any topology policy, so it must not be allocated); returns the originals with the reason."""
-    refused = []
-    for index, device in enumerate(devices):
-        if device.numa_nodes and max(device.numa_nodes) >= MAX_NUMA_NODES:
-            reason = f"NUMA node id {max(device.numa_nodes)} is out of range (ids must be below {MAX_NUMA_NODES})"
-            refused.append((device, reason))
-            devices[index] = device._replace(health=UNHEALTHY)
-    return refused
 
 
 def nodes_of(mask: int) -> list[int]:

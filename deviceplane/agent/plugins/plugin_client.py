@@ -11,13 +11,13 @@ import grpc
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.core.registry import Device, PluginOptions
-from deviceplane.core.topology import refuse_unrepresentable_topology
+from deviceplane.core.snapshot import checked_snapshot
 
 log = logging.getLogger("deviceplane.agent.plugin")
 
 SnapshotCallback = Callable[[Sequence[Device]], None]
 StreamEndCallback = Callable[[str], Awaitable[None]]
-MAX_REFUSED_LOGGED = 4096
+MAX_PROBLEMS_LOGGED = 4096
 
 
 def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
@@ -42,7 +42,7 @@ class PluginClient:
         self._stub = pb_grpc.DevicePluginStub(self._channel)
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
-        self._refused: set[tuple[str, tuple[int, ...]]] = set()  # (device id, NUMA ids) already logged
+        self._logged: set[tuple[Device, str]] = set()  # snapshot problems already logged
 
     async def connect(self, timeout: float) -> PluginOptions:
         """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions.
@@ -74,9 +74,7 @@ class PluginClient:
         try:
             # No deadline, as upstream: the stream lives as long as the plugin does.
             async for response in self._stub.ListAndWatch(pb.Empty()):
-                devices = devices_from_proto(response.devices)
-                self._refuse_bad_topology(devices)
-                on_snapshot(devices)
+                on_snapshot(self._checked(devices_from_proto(response.devices)))
         except grpc.aio.AioRpcError as err:
             reason = f"ListAndWatch ended: {err.code().name}: {err.details()}"
         except asyncio.CancelledError:
@@ -89,17 +87,19 @@ class PluginClient:
             if not self._closed:
                 await on_end(reason)
 
-    def _refuse_bad_topology(self, devices: list[Device]) -> None:
-        """Devices whose NUMA ids no bitmask holds become Unhealthy; logged once per device and topology."""
-        for device, reason in refuse_unrepresentable_topology(devices):
-            if (device.id, device.numa_nodes) not in self._refused:
-                if len(self._refused) >= MAX_REFUSED_LOGGED:
-                    self._refused.clear()  # bounded against a plugin inventing ids; at worst it logs again
-                self._refused.add((device.id, device.numa_nodes))
+    def _checked(self, devices: list[Device]) -> list[Device]:
+        """What the plugin may not say (core.snapshot) is corrected; logged once per device and problem."""
+        devices, problems = checked_snapshot(devices)
+        for device, problem in problems:
+            if (device, problem) not in self._logged:
+                if len(self._logged) >= MAX_PROBLEMS_LOGGED:
+                    self._logged.clear()  # bounded against a plugin inventing ids; at worst it logs again
+                self._logged.add((device, problem))
                 log.warning(
-                    "device reported unhealthy: invalid topology from plugin",
-                    extra={"resource": self.resource, "device": device.id, "reason": reason},
+                    "device snapshot corrected: the plugin sent what it may not",
+                    extra={"resource": self.resource, "device": device.id, "reason": problem},
                 )
+        return devices
 
     async def allocate(self, device_ids: Sequence[str], timeout: float | None) -> pb.AllocateResponse:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
