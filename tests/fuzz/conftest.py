@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fuzz import LONG
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
 
 RESOURCE = "example.com/fz"
@@ -52,3 +53,11 @@ def assert_live(agent: AgentProcess) -> None:
     assert agent.proc is not None and agent.proc.poll() is None, "the agent exited"
     assert agent.get_text("/healthz") == "ok"
     assert agent.get_text("/readyz") == "ok"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A long fuzz run (DEVICEPLANE_FUZZ=long) takes as long as it takes: no per-test timeout for it."""
+    if LONG:
+        for item in items:
+            if "tests/fuzz/" in str(item.path):
+                item.add_marker(pytest.mark.timeout(0))

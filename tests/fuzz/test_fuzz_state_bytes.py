@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
-from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, release_record
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, admit_pod
@@ -88,13 +87,17 @@ def damage(path: Path, how: str, position: int, length: int, data: bytes) -> Non
 
 
 def restored_state(directory: Path) -> tuple[DeviceManager, PodDevices]:
-    """The agent's start path for durable state, with the real classes."""
+    """The agent's start path for durable state (DeviceManager.restore, then AllocationStore.restore's steps: the
+    checkpoint's entries, the journal replayed on top, a fresh segment opened), with small segments for speed."""
     manager = DeviceManager(CheckpointStore(directory), grace_period=300)
     data = manager.restore()
     pod_devices = PodDevices()
-    store = AllocationStore(manager, pod_devices, directory)
-    store.restore(data)
-    asyncio.run(store.journal.close())
+    if data is not None and data.PodDeviceEntries:
+        pod_devices.load(data.PodDeviceEntries)
+    journal = Journal(directory, segment_bytes=8 << 10)
+    journal.replay(pod_devices)
+    journal.open()
+    asyncio.run(journal.close())
     return manager, pod_devices
 
 
