@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deviceplane.agent.admission.admission import ADMITTED, AdmissionController  # noqa: E402
+from deviceplane.agent.admission.runner import AdmissionRunner  # noqa: E402
 from deviceplane.agent.app import Agent, AgentConfig  # noqa: E402
+from deviceplane.core.pod_table import PodState  # noqa: E402
 from deviceplane.core.pods import Container, Pod  # noqa: E402
 
 RESOURCE = "example.com/sim"
@@ -47,20 +48,17 @@ def one_device_pod(uid: str, resource: str) -> Pod:
     return Pod(uid, "bench", uid, "Pending", (), (Container("main", ((resource, 1),)),))
 
 
-async def admit(controller: AdmissionController, pod: Pod) -> float:
+async def admit(controller: AdmissionRunner, pod: Pod) -> float:
     started = time.perf_counter()
     controller.pod_set("bench", pod.uid, pod)
-    record = controller.records[pod.uid]
-    await record.admitted.wait()
+    record = await controller.settled(pod.uid)
     elapsed = time.perf_counter() - started
-    if record.state != ADMITTED:
-        raise RuntimeError(f"{pod.uid}: {record.reason}")
+    if record is None or record.state != PodState.ADMITTED:
+        raise RuntimeError(f"{pod.uid}: {record.reason if record else 'gone'}")
     return elapsed
 
 
-async def run_batch(
-    controller: AdmissionController, prefix: str, resource: str, count: int, workers: int
-) -> list[float]:
+async def run_batch(controller: AdmissionRunner, prefix: str, resource: str, count: int, workers: int) -> list[float]:
     latencies: list[float] = []
     queue = [one_device_pod(f"{prefix}-{i}", resource) for i in range(count)]
 
@@ -72,9 +70,9 @@ async def run_batch(
     return latencies
 
 
-def release(controller: AdmissionController, prefix: str) -> None:
-    for key in [k for k in controller.by_key if k[1].startswith(prefix + "-")]:
-        controller.pod_gone(*key)
+def release(controller: AdmissionRunner, prefix: str, count: int) -> None:
+    for i in range(count):
+        controller.pod_gone("bench", f"{prefix}-{i}")
 
 
 def report(label: str, latencies: list[float], wall: float) -> str:
@@ -87,7 +85,7 @@ def report(label: str, latencies: list[float], wall: float) -> str:
 async def wait_devices(agent: Agent, resource: str, count: int) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        state = agent.manager.registry.resources.get(resource)
+        state = agent.registry.resource(resource)
         if state is not None and state.connected and len(state.healthy) == count:
             return
         await asyncio.sleep(0.05)
@@ -114,10 +112,10 @@ async def main(args: argparse.Namespace) -> None:
         plugins.append(start_sim(config.plugin_dir, FILLER, args.filler + 16, 0, work / "filler.log", *plain))
         await wait_devices(agent, RESOURCE, 1024)
         await wait_devices(agent, FILLER, args.filler + 16)
-        controller = agent.allocation.admission
+        controller = agent.admission
         print(f"{'scenario':<44} {'admits/s':>9} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9}")
         await run_batch(controller, "warmup", RESOURCE, 50, 1)
-        release(controller, "warmup")
+        release(controller, "warmup", 50)
         for held in (0, args.filler):
             if held:
                 started = time.perf_counter()
@@ -130,11 +128,11 @@ async def main(args: argparse.Namespace) -> None:
                 started = time.perf_counter()
                 latencies = await run_batch(controller, f"m{held}-{workers}", RESOURCE, args.pods, workers)
                 print(report(label, latencies, time.perf_counter() - started), flush=True)
-                release(controller, f"m{held}-{workers}")
-        store = controller.store
+                release(controller, f"m{held}-{workers}", args.pods)
+        store = agent.allocation_store
         print(
-            f"journal fdatasyncs: {store.journal.syncs}, background checkpoints: {store.checkpoints} "
-            f"(last took {store.last_checkpoint_seconds * 1000:.0f} ms), entries now: {len(controller.pod_devices)}"
+            f"journal fdatasyncs: {store.journal_syncs}, background checkpoints: {store.checkpoints} "
+            f"(last took {store.last_checkpoint_seconds * 1000:.0f} ms), entries now: {len(agent.pod_devices)}"
         )
     finally:
         await agent.stop()

@@ -1,41 +1,61 @@
-"""Wires the agent together: registration server, plugin watcher, device manager, HTTP, and clean shutdown."""
+"""The agent's composition root: every object of the agent is built here, in dependency order, and receives what it
+uses through its constructor. Nothing is wired after construction.
+
+Extension points (in `Agent.__init__`, each marked "extension point"):
+- device listeners: objects told every `DeviceEvent` (metrics, admission's wake-up; a Node/NodeDevices publisher);
+- pod sources: `PodSource`s feeding the admission runner (the static pod directory; an API-server watch);
+- background tasks: named long-lived coroutines started after the servers and cancelled at stop.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 from aiohttp import web
 
-from deviceplane import __version__
-from deviceplane.agent.admission.admission import ALLOCATE_TIMEOUT_SECONDS, STARTUP_PLUGIN_WAIT_SECONDS
-from deviceplane.agent.admission.allocation_service import AllocationService
+from deviceplane.agent.admission.admitter import (
+    STARTUP_PLUGIN_WAIT_SECONDS,
+    AdmissionParts,
+    AdmissionSettings,
+    Admitter,
+    DeviceChanges,
+)
+from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, PluginCalls
+from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory, run_sources
+from deviceplane.agent.admission.runner import AdmissionRunner
+from deviceplane.agent.host import default_node_name, detect_numa_nodes
+from deviceplane.agent.plugins.contracts import DeviceListener
 from deviceplane.agent.plugins.manager import DeviceManager
+from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.plugins.plugin_watcher import PluginWatcher
 from deviceplane.agent.plugins.registration import RegistrationServicer, cleanup_plugin_dir
+from deviceplane.agent.plugins.registration_server import RegistrationServer
+from deviceplane.agent.serving.api_views import ApiViews
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
+from deviceplane.agent.serving.podresources import PodResourcesServicer, serve_pod_resources
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from deviceplane.api.models import AgentView
-from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_SOCKET_NAME
-from deviceplane.core.names import is_extended_resource_name
-from deviceplane.core.view import devices_status, rfc3339
+from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
+from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
+from deviceplane.agent.state.journal import Journal
+from deviceplane.agent.tasks import BackgroundTasks, TaskFactory
+from deviceplane.core.allocator import Allocator
+from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
+from deviceplane.core.pod_devices import PodDevices
+from deviceplane.core.pod_table import PodTable
+from deviceplane.core.registry import DeviceRegistry
+
+__all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 
 log = logging.getLogger("deviceplane.agent")
 
 SWEEP_INTERVAL_SECONDS = 1.0
-# Bound for hostile registrations: the counter keeps one series for all invalid names.
-INVALID_RESOURCE_LABEL = "<invalid>"
 
 
 @dataclass(frozen=True)
@@ -59,136 +79,140 @@ class AgentConfig:
 class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
-        self.store = CheckpointStore(config.plugin_dir)
-        self.manager = DeviceManager(self.store, config.grace_period, config.dial_timeout)
-        self.allocation = AllocationService(
-            self.manager,
-            config.plugin_dir,
-            config.node_name,
-            config.pod_resources_socket,
-            config.pod_manifest_dir,
-            config.topology_policy,
-            config.numa_nodes,
-            config.allocate_timeout,
-            config.startup_plugin_wait,
+
+        # -- state: what the agent knows --------------------------------------------------------------------------
+        self.registry = DeviceRegistry(config.grace_period)
+        self.pod_devices = PodDevices()
+        self.pods = PodTable()
+        self.metrics = AgentMetrics(self.registry, config.node_name, self.pod_devices.allocated_count)
+
+        # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
+        self._checkpoint_file = CheckpointStore(config.plugin_dir)
+        content = CheckpointContent(self.registry, self.pod_devices)
+        checkpoint = CheckpointWriter(self._checkpoint_file.write, content.snapshot)
+        self.allocation_store = AllocationStore(self.pod_devices, Journal(config.plugin_dir), content, checkpoint)
+
+        # -- plugin side ------------------------------------------------------------------------------------------
+        device_changes = DeviceChanges()
+        # extension point: device listeners (a Node/NodeDevices publisher is constructed above and added here)
+        listeners: list[DeviceListener] = [self.metrics.on_device_event, device_changes]
+        self.manager = DeviceManager(self.registry, checkpoint, PluginClient, listeners, config.dial_timeout)
+        registration = RegistrationServicer(self.manager, config.plugin_dir, self.metrics.count_registration)
+        self.registration = RegistrationServer(registration, config.plugin_dir)
+        self._watcher_ready = asyncio.Event()
+        self._watcher = (
+            PluginWatcher(config.plugins_registry_dir, self.manager, config.dial_timeout)
+            if config.plugins_registry_dir is not None
+            else None
         )
-        self.metrics = AgentMetrics(self.manager, config.node_name, self.allocation.allocated)
-        self.allocation.attach_metrics(self.metrics)
-        self._grpc: grpc.aio.Server | None = None
+
+        # -- admission --------------------------------------------------------------------------------------------
+        numa = range(config.numa_nodes) if config.numa_nodes is not None else detect_numa_nodes()
+        parts = AdmissionParts(
+            table=self.pods,
+            pod_devices=self.pod_devices,
+            allocator=Allocator(self.registry, self.pod_devices),
+            registry=self.registry,
+            store=self.allocation_store,
+            plugins=PluginCalls(self.manager, self.metrics, config.allocate_timeout),
+            device_changes=device_changes,
+        )
+        settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
+        self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, Admitter(parts, settings))
+        # extension point: pod sources (an API-server pod watch is appended here)
+        self.pod_sources: list[PodSource] = []
+        if config.pod_manifest_dir is not None:
+            self.pod_sources.append(StaticPodDirectory(config.pod_manifest_dir, config.node_name))
+        for source in self.pod_sources:
+            self.pods.register_source(source.name)
+
+        # -- serving ----------------------------------------------------------------------------------------------
+        self.views = ApiViews(self.registry, self.manager.sweep, self.pods, self.pod_devices, config.node_name)
+        self._pod_resources = PodResourcesServicer(self.pods, self.pod_devices, self.registry)
+        self._pod_resources_server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+
+        # -- background tasks -------------------------------------------------------------------------------------
+        # extension point: background tasks, (name, coroutine function); started in this order after the servers
+        self.background: list[tuple[str, TaskFactory]] = [
+            ("capacity-sweep", self._sweep_loop),
+            ("registration-socket", self.registration.keep_serving),
+            ("pod-sources", self._run_pod_sources),
+        ]
+        self._tasks = BackgroundTasks()
+        self._admitting = False
         self._ready = False
-        self.registration_socket = config.plugin_dir / KUBELET_SOCKET_NAME
 
-    # -- views ------------------------------------------------------------------------------------------------------
-
-    def devices_json(self, request: web.Request | None = None) -> Any:
-        query = request.query if request is not None else {}
-        limit = None
-        if "limit" in query:
-            if not query["limit"].isdigit():
-                raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
-            limit = int(query["limit"])
-        wanted = query.get("resource")
-        status = devices_status(
-            self.manager.registry,
-            self.manager.sweep(),
-            AgentView(version=__version__, node=self.config.node_name, lastHeartbeatTime=rfc3339(time.time())),
-            holders=self.allocation.holders(),
-            device_limit=limit,
-            resource_filter=(lambda name: name == wanted) if wanted else None,
-        )
-        return status.model_dump(mode="json")
-
-    def pods_json(self, _request: web.Request | None = None) -> Any:
-        return self.allocation.pods_json()
+    # -- probes -----------------------------------------------------------------------------------------------------
 
     def _health(self) -> str | None:
-        if self._grpc is None or not self.registration_socket.exists():
-            return "device plugin registration gRPC server failed and no device plugins can register"
-        return None
+        return self.registration.problem()
 
     def _readiness(self) -> str | None:
         return self._health() if self._ready else "starting"
-
-    def _count_attempt(self, resource: str) -> None:
-        label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
-        self.metrics.registration_total.labels(label).inc()
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         plugin_dir = self.config.plugin_dir
         plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-        restored = self.manager.restore()
-        if restored is not None:
-            log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices or {})})
-        self.allocation.restore(restored)
+        restored = self._checkpoint_file.read()
+        if restored is not None and restored.RegisteredDevices:
+            log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices)})
+        self.manager.restore(restored)
+        self.admission.restore(restored)
         removed = cleanup_plugin_dir(plugin_dir)
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
 
-        await self._serve_registration()
-
-        app = build_app(self.devices_json, self.pods_json, self.metrics.registry, self._health, self._readiness)
+        await self.registration.start()
+        app = build_app(self.views.devices, self.views.pods, self.metrics.registry, self._health, self._readiness)
         self._http = await serve(app, self.config.http_addr)
-        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="capacity-sweep"))
-        if self.config.plugins_registry_dir is not None:
-            watcher = PluginWatcher(self.config.plugins_registry_dir, self.manager, self.config.dial_timeout)
-            watching = asyncio.Event()
-            self._tasks.append(asyncio.create_task(watcher.run(watching), name="plugin-watcher"))
-            await watching.wait()
-        await self.allocation.start()
+        if self._watcher is not None:
+            # Plugins already in the registry dir are found before admission starts.
+            self._tasks.start("plugin-watcher", self._run_watcher)
+            await self._watcher_ready.wait()
+        self.admission.start()
+        self._admitting = True
+        self._pod_resources_server = await serve_pod_resources(self._pod_resources, self.config.pod_resources_socket)
+        for name, run in self.background:
+            self._tasks.start(name, run)
         self._ready = True
         log.info(
             "agent started",
-            extra={"socket": str(self.registration_socket), "http": self.config.http_addr, "pid": os.getpid()},
+            extra={"socket": str(self.registration.socket), "http": self.config.http_addr, "pid": os.getpid()},
         )
-
-    async def _serve_registration(self) -> None:
-        if self._grpc is not None:
-            await self._grpc.stop(grace=None)
-            self._grpc = None
-        server = grpc.aio.server()
-        servicer = RegistrationServicer(self.manager, self.config.plugin_dir, self._count_attempt)
-        pb_grpc.add_RegistrationServicer_to_server(servicer, server)
-        server.add_insecure_port(f"unix://{self.registration_socket}")
-        await server.start()
-        self._grpc = server
 
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
             self.manager.sweep()
-            if not self.registration_socket.exists():
-                # Someone removed kubelet.sock: serve again, so plugins watching for it re-register. (The kubelet
-                # would only fail its health check.) Connected plugins are unaffected.
-                log.warning(
-                    "registration socket disappeared; serving again", extra={"socket": str(self.registration_socket)}
-                )
-                try:
-                    self.config.plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-                    await self._serve_registration()
-                except (OSError, RuntimeError) as err:
-                    log.error("cannot serve the registration socket: %s", err)
+
+    async def _run_watcher(self) -> None:
+        if self._watcher is not None:
+            await self._watcher.run(self._watcher_ready)
+
+    async def _run_pod_sources(self) -> None:
+        await run_sources(self.pod_sources, self.admission, _source_crashed)
 
     async def stop(self) -> None:
         self._ready = False
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
-        if self._grpc is not None:
-            await self._grpc.stop(grace=1)
-            self._grpc = None
-        await self.allocation.stop()
+        await self._tasks.stop()
+        await self.registration.stop()
+        if self._pod_resources_server is not None:
+            await self._pod_resources_server.stop(grace=0.5)
+            self._pod_resources_server = None
+        if self._admitting:
+            await self.admission.stop()
         await self.manager.stop()
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
-        with contextlib.suppress(FileNotFoundError):
-            self.registration_socket.unlink()
         log.info("agent stopped")
+
+
+def _source_crashed(name: str, err: BaseException) -> None:
+    log.error("pod source crashed; its pods stay as they are", extra={"source": name, "error": repr(err)})
 
 
 async def run_agent(config: AgentConfig) -> int:
@@ -206,7 +230,3 @@ async def run_agent(config: AgentConfig) -> int:
     await stop.wait()
     await agent.stop()
     return 0
-
-
-def default_node_name() -> str:
-    return os.environ.get("NODE_NAME") or socket.gethostname()

@@ -12,9 +12,8 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.core.allocator import AllocationError, Allocator, AskPreferred, Chosen, ReusePool, check_restored
+from deviceplane.core.allocator import AllocationError, Allocator, AskPreferred, Chosen, ReusePool
 from deviceplane.core.names import is_extended_resource_name
-from deviceplane.core.pod_devices import devices_per_numa, make_allocation
 from deviceplane.core.pods import Container, Pod
 from deviceplane.core.topology import POLICY_NONE, TopologyHint, merge_hints, rejection_reason, resource_hints
 
@@ -57,7 +56,7 @@ def container_affinity(
     for resource, count in container.limits:
         if count == 0 or not allocator.is_device_plugin_resource(resource):
             continue
-        already = allocator.pod_devices.container_devices(pod.uid, container.name, resource)
+        already = allocator.held(pod.uid, container.name, resource)
         hints[resource] = resource_hints(
             allocator.resource_devices(resource), count, already, reuse.get(resource), numa
         )
@@ -70,7 +69,7 @@ def container_affinity(
 def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequence[int] = ()) -> PodAdmission:
     """Init containers, then app containers; one Allocate per container per resource (spec §4.7.1-4.7.2)."""
     containers = [(c.name, c.limits) for c in pod.all_containers]
-    if check_restored(allocator.pod_devices, pod.uid, containers):
+    if allocator.is_restored(pod.uid, containers):
         return PodOutcome(restored=True, hints={})
     for resource, count in pod.device_requests().items():
         # The kubelet skips resources no plugin serves and leaves them to its node-allocatable predicate; without a
@@ -98,11 +97,9 @@ def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequen
             allocator.reserve(pod.uid, container.name, resource, decision.devices)
             response = yield AllocateCall(container.name, resource, decision.devices)
             assert isinstance(response, pb.ContainerAllocateResponse)
-            state = allocator.registry.resources.get(resource)
-            per_numa = devices_per_numa(decision.devices, state.all_devices if state is not None else {})
-            allocator.commit(make_allocation(pod.uid, container.name, resource, per_numa, response))
+            allocator.commit(pod.uid, container.name, resource, decision.devices, response)
         reuse.after_container(
-            allocator.pod_devices.container_allocations(pod.uid, container.name), container.init, container.restartable
+            allocator.held_by_container(pod.uid, container.name), container.init, container.restartable
         )
     return PodOutcome(restored=False, hints=chosen_hints)
 
@@ -122,12 +119,12 @@ def pre_start_calls(allocator: Allocator, pod: Pod) -> list[PreStartCall]:
         for resource, count in container.limits:
             if count == 0 or not allocator.is_device_plugin_resource(resource):
                 continue
-            endpoint = allocator.registry.primary_endpoint(resource)
+            endpoint = allocator.plugin_endpoint(resource)
             if endpoint is None:
                 raise AllocationError(f"endpoint not found in cache for a registered resource: {resource}", "endpoint")
             if endpoint.options is None or not endpoint.options.pre_start_required:
                 continue
-            devices = allocator.pod_devices.container_devices(pod.uid, container.name, resource)
+            devices = allocator.held(pod.uid, container.name, resource)
             if not devices:
                 raise AllocationError(
                     f"no devices found allocated in local cache for pod {pod.uid}, container {container.name}, "

@@ -17,10 +17,11 @@ from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core import ordering
 from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
-from deviceplane.core.pod_devices import Allocation, PodDevices, devices_per_numa
-from deviceplane.core.registry import Device, DeviceRegistry
+from deviceplane.core.pod_devices import Allocation, PodDevices, devices_per_numa, make_allocation
+from deviceplane.core.registry import Device, DeviceRegistry, Endpoint
 from deviceplane.core.topology import ResourceDevices, has_topology, mask_of
 
 
@@ -134,8 +135,8 @@ class Allocator:
     """Devices held (`PodDevices`) plus devices reserved by admissions in flight, and the choice between them."""
 
     def __init__(self, registry: DeviceRegistry, pod_devices: PodDevices) -> None:
-        self.registry = registry
-        self.pod_devices = pod_devices
+        self._registry = registry
+        self._pod_devices = pod_devices
         self._reserved: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._reserved_refs: dict[str, Counter[str]] = {}
         # resource -> (the device dict it was computed from, natural-order rank); a snapshot replaces the dict
@@ -145,11 +146,24 @@ class Allocator:
 
     def is_device_plugin_resource(self, resource: str) -> bool:
         """Upstream: a key of healthyDevices or of allocatedDevices."""
-        return resource in self.registry.resources or bool(self.pod_devices.allocated_count(resource))
+        return resource in self._registry or bool(self._pod_devices.allocated_count(resource))
+
+    def held(self, pod_uid: str, container: str, resource: str) -> frozenset[str] | None:
+        """The devices a container holds of a resource; None when it has no entry."""
+        return self._pod_devices.container_devices(pod_uid, container, resource)
+
+    def held_by_container(self, pod_uid: str, container: str) -> dict[str, Allocation]:
+        return self._pod_devices.container_allocations(pod_uid, container)
+
+    def is_restored(self, pod_uid: str, containers: Iterable[tuple[str, Iterable[tuple[str, int]]]]) -> bool:
+        return check_restored(self._pod_devices, pod_uid, containers)
+
+    def plugin_endpoint(self, resource: str) -> Endpoint | None:
+        return self._registry.primary_endpoint(resource)
 
     def allocated(self, resource: str) -> set[str]:
         """Held by a pod, or reserved by an admission in flight."""
-        held = self.pod_devices.allocated(resource)
+        held = self._pod_devices.allocated(resource)
         reserved = self._reserved_refs.get(resource)
         if reserved:
             held.update(reserved)
@@ -171,16 +185,24 @@ class Allocator:
                 if refs[device_id] <= 0:
                     del refs[device_id]
 
-    def commit(self, allocation: Allocation) -> None:
+    def commit(
+        self,
+        pod_uid: str,
+        container: str,
+        resource: str,
+        devices: Iterable[str],
+        response: pb.ContainerAllocateResponse,
+    ) -> None:
         """The plugin accepted the allocation: the reservation becomes the container's entry."""
-        self.pod_devices.insert(allocation)
-        self.unreserve(allocation.pod_uid, allocation.container, allocation.resource)
+        per_numa = devices_per_numa(devices, self._registry.devices(resource))
+        self._pod_devices.insert(make_allocation(pod_uid, container, resource, per_numa, response))
+        self.unreserve(pod_uid, container, resource)
 
     def release_pod(self, pod_uid: str) -> list[Allocation]:
         """Forget everything a pod holds or has reserved; returns the entries it held."""
         for key in [k for k in self._reserved if k[0] == pod_uid]:
             self.unreserve(*key)
-        return self.pod_devices.remove_pod(pod_uid)
+        return self._pod_devices.remove_pod(pod_uid)
 
     def _rank(self, resource: str, devices: Mapping[str, Device]) -> _Rank:
         cached = self._ranks.get(resource)
@@ -190,10 +212,9 @@ class Allocator:
         return cached[1]
 
     def resource_devices(self, resource: str) -> ResourceDevices:
-        state = self.registry.resources.get(resource)
-        devices = state.all_devices if state is not None else {}
-        healthy = state.healthy if state is not None else set()
-        return ResourceDevices(devices, healthy, self.allocated(resource))
+        return ResourceDevices(
+            self._registry.devices(resource), self._registry.healthy(resource), self.allocated(resource)
+        )
 
     # -- the algorithm ----------------------------------------------------------------------------------------------
 
@@ -212,7 +233,7 @@ class Allocator:
         `preferred` is the plugin's GetPreferredAllocation answer once asked (possibly empty); None means not asked
         yet, and the answer is `AskPreferred` when the plugin offers the RPC and the algorithm needs it.
         """
-        held = self.pod_devices.container_devices(pod_uid, container, resource)
+        held = self._pod_devices.container_devices(pod_uid, container, resource)
         needed = required
         if held is not None:
             needed = required - len(held)
@@ -224,10 +245,10 @@ class Allocator:
                 )
         # Upstream step 2 (a container still running while sources are not ready) has no equivalent: restored pods
         # are recognised before allocation (see agent.admission), so this is never asked for one.
-        state = self.registry.resources.get(resource)
-        if state is None:
+        if resource not in self._registry:
             raise AllocationError(f"cannot allocate unregistered device {resource}", "unregistered")
-        healthy = state.healthy
+        healthy = self._registry.healthy(resource)
+        all_devices = self._registry.devices(resource)
         if not healthy:
             raise AllocationError(
                 f"no healthy devices present; cannot allocate unhealthy devices {resource}", "unhealthy"
@@ -240,7 +261,7 @@ class Allocator:
         if needed == 0:
             return Chosen(())
 
-        taker = _Taker(needed, self._rank(resource, state.all_devices))
+        taker = _Taker(needed, self._rank(resource, all_devices))
         if taker.take(reusable):
             return Chosen(tuple(taker.chosen))
         unavailable = self.allocated(resource)
@@ -252,11 +273,12 @@ class Allocator:
                 f"Requested: {taker.needed}, Available: {len(available)}",
                 "unavailable",
             )
-        aligned, unaligned, without = filter_by_affinity(affinity, state.all_devices, available)
+        aligned, unaligned, without = filter_by_affinity(affinity, all_devices, available)
+        endpoint = self._registry.primary_endpoint(resource)
         offers_preferred = bool(
-            state.primary is not None
-            and state.primary.options is not None
-            and state.primary.options.get_preferred_allocation_available
+            endpoint is not None
+            and endpoint.options is not None
+            and endpoint.options.get_preferred_allocation_available
         )
 
         def ask(pool: Collection[str]) -> AskPreferred | None:

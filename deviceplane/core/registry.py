@@ -12,9 +12,9 @@ period before deletion) with two deliberate improvements over the kubelet:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from deviceplane.core.constants import HEALTHY, NODE_WITHOUT_TOPOLOGY
 
@@ -100,6 +100,28 @@ class ResourceState:
         return bool(self.endpoints)
 
 
+class ResourceStatus(Protocol):
+    """A resource as readers see it (views, metrics): `ResourceState` without the means to change it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def primary(self) -> Endpoint | None: ...
+
+    @property
+    def all_devices(self) -> Mapping[str, Device]: ...
+
+    @property
+    def healthy(self) -> Set[str]: ...
+
+    @property
+    def unhealthy(self) -> Set[str]: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotResult:
     """What one ListAndWatch message changed."""
@@ -120,16 +142,16 @@ class DeviceRegistry:
 
     def __init__(self, grace_period: float) -> None:
         self.grace_period = grace_period
-        self.resources: dict[str, ResourceState] = {}
+        self._resources: dict[str, ResourceState] = {}
 
     # -- plugin lifecycle -------------------------------------------------------------------------------------------
 
     def plugin_connected(self, resource: str, socket_path: str, options: PluginOptions, now: float) -> Endpoint:
-        state = self.resources.get(resource)
+        state = self._resources.get(resource)
         if state is not None and socket_path in state.endpoints:
             raise AlreadyConnectedError(resource, socket_path)
         if state is None:
-            state = self.resources[resource] = ResourceState(resource)
+            state = self._resources[resource] = ResourceState(resource)
         endpoint = Endpoint(socket_path, options, registered_at=now)
         state.endpoints[socket_path] = endpoint
         # The newest plugin is primary; until its first snapshot the resource shows what it had (upstream keeps the
@@ -142,7 +164,7 @@ class DeviceRegistry:
         socket name). The new connection takes the old one's place without a disconnect in between, so allocatable
         never drops to 0 for a restart. Upstream either ignores the second registration or locks the plugin out until
         the old stream breaks (spec §4.3.2 oddities)."""
-        state = self.resources.get(resource)
+        state = self._resources.get(resource)
         old = state.endpoints.get(socket_path) if state is not None else None
         if state is None or old is None:
             return self.plugin_connected(resource, socket_path, options, now)
@@ -155,7 +177,7 @@ class DeviceRegistry:
 
     def plugin_disconnected(self, resource: str, socket_path: str, now: float) -> bool:
         """Spec §4.3.2 PluginDisconnected. Returns False (and changes nothing) for an unknown resource or socket."""
-        state = self.resources.get(resource)
+        state = self._resources.get(resource)
         if state is None:
             return False
         endpoint = state.endpoints.pop(socket_path, None)
@@ -174,7 +196,7 @@ class DeviceRegistry:
 
     def apply_snapshot(self, resource: str, socket_path: str, devices: Sequence[Device]) -> SnapshotResult:
         """One ListAndWatch message: a full replacement of the endpoint's devices (spec §4.4)."""
-        state = self.resources.get(resource)
+        state = self._resources.get(resource)
         endpoint = state.endpoints.get(socket_path) if state is not None else None
         if state is None or endpoint is None:
             return SnapshotResult(applied=False)
@@ -194,7 +216,7 @@ class DeviceRegistry:
         """Checkpointed resources come back with a stopped placeholder endpoint and no devices: 0/0 until their
         plugin re-registers, deleted if it does not within the grace period (spec §4.9 read path)."""
         for resource in resources:
-            state = self.resources.setdefault(resource, ResourceState(resource))
+            state = self._resources.setdefault(resource, ResourceState(resource))
             if state.primary is None:
                 state.primary = Endpoint(socket_path=None, options=None, registered_at=now, stop_time=now)
 
@@ -206,31 +228,60 @@ class DeviceRegistry:
         capacity: dict[str, int] = {}
         allocatable: dict[str, int] = {}
         deleted: list[str] = []
-        for name, state in self.resources.items():
+        for name, state in self._resources.items():
             if state.primary is None or (not state.endpoints and state.primary.grace_expired(now, self.grace_period)):
                 deleted.append(name)
                 continue
             allocatable[name] = len(state.healthy)
             capacity[name] = len(state.healthy) + len(state.unhealthy)
         for name in deleted:
-            del self.resources[name]
+            del self._resources[name]
         return Capacity(capacity, allocatable, tuple(deleted))
 
+    def __contains__(self, resource: object) -> bool:
+        return resource in self._resources
+
+    def resource(self, resource: str) -> ResourceStatus | None:
+        return self._resources.get(resource)
+
+    def statuses(self) -> list[ResourceStatus]:
+        """Every resource, by name."""
+        return [self._resources[name] for name in sorted(self._resources)]
+
+    def connected_sockets(self, resource: str) -> list[str]:
+        """Socket paths of the plugins connected for the resource, in connection order."""
+        state = self._resources.get(resource)
+        return list(state.endpoints) if state is not None else []
+
     def primary_endpoint(self, resource: str) -> Endpoint | None:
-        state = self.resources.get(resource)
+        state = self._resources.get(resource)
         return state.primary if state is not None else None
 
+    def devices(self, resource: str) -> Mapping[str, Device]:
+        """The shown devices by ID. The same mapping until the next snapshot replaces it (callers cache by identity)."""
+        state = self._resources.get(resource)
+        return state.all_devices if state is not None else {}
+
+    def healthy(self, resource: str) -> Set[str]:
+        """The healthy IDs, not copied: read them before the next change."""
+        state = self._resources.get(resource)
+        return state.healthy if state is not None else frozenset()
+
     def healthy_ids(self, resource: str) -> set[str]:
-        state = self.resources.get(resource)
-        return set(state.healthy) if state is not None else set()
+        return set(self.healthy(resource))
+
+    def plugin_ready(self, resource: str) -> bool:
+        """A plugin is connected and has reported devices."""
+        state = self._resources.get(resource)
+        return state is not None and state.connected and bool(state.all_devices)
 
     def registered_healthy(self) -> dict[str, list[str]]:
         """The checkpoint's RegisteredDevices: every resource, with its healthy IDs (sorted, for stable bytes)."""
-        return {name: sorted(state.healthy) for name, state in self.resources.items()}
+        return {name: sorted(state.healthy) for name, state in self._resources.items()}
 
     def allocatable_devices(self) -> dict[str, list[Device]]:
         """Spec §4.13 GetAllocatableDevices: the healthy devices of every resource."""
         return {
             name: [state.all_devices[i] for i in sorted(state.healthy) if i in state.all_devices]
-            for name, state in self.resources.items()
+            for name, state in self._resources.items()
         }

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
-from deviceplane.core.registry import Capacity, DeviceRegistry, ResourceState
+from deviceplane.core.registry import Capacity, DeviceRegistry, ResourceStatus
 
 # Who holds a device: (resource, device id) -> holder. Empty until allocation fills it.
 Holders = Mapping[tuple[str, str], AllocatedTo]
@@ -18,7 +18,7 @@ def rfc3339(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _plugin_view(state: ResourceState) -> PluginView:
+def _plugin_view(state: ResourceStatus) -> PluginView:
     endpoint = state.primary
     options = endpoint.options if endpoint is not None else None
     return PluginView(
@@ -31,7 +31,7 @@ def _plugin_view(state: ResourceState) -> PluginView:
 
 
 def resource_view(
-    state: ResourceState, capacity: Capacity, holders: Holders, allocated: int, device_limit: int | None = None
+    state: ResourceStatus, capacity: Capacity, holders: Holders, allocated: int, device_limit: int | None = None
 ) -> ResourceView:
     ids = sorted(state.all_devices)
     shown = ids if device_limit is None else ids[:device_limit]
@@ -71,8 +71,8 @@ def devices_status(
     holders = holders or {}
     allocated = Counter(resource for resource, _device in holders)
     resources = [
-        resource_view(state, capacity, holders, allocated[name], device_limit)
-        for name, state in sorted(registry.resources.items())
-        if resource_filter is None or resource_filter(name)
+        resource_view(state, capacity, holders, allocated[state.name], device_limit)
+        for state in registry.statuses()
+        if resource_filter is None or resource_filter(state.name)
     ]
     return DevicesStatus(resources=resources, agent=agent)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from deviceplane.agent.admission.admission import AdmissionController
-from deviceplane.agent.plugins.manager import DeviceManager
-from deviceplane.agent.state.checkpoint_store import CheckpointStore
+from deviceplane.agent.admission.runner import AdmissionRunner
+from deviceplane.agent.app import Agent, AgentConfig
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import make_allocation
@@ -27,43 +26,50 @@ def pod(uid: str, phase: str = "Running") -> Pod:
     return Pod(uid, "default", uid, phase, (), (Container("c", ((RES, 1),)),))
 
 
-async def controller_with(tmp_path: Path, data: CheckpointData) -> AdmissionController:
-    manager = DeviceManager(CheckpointStore(tmp_path), grace_period=300)
-    manager.registry.restore(data.RegisteredDevices or {}, now=0)
-    controller = AdmissionController(manager, tmp_path, startup_wait=0)
-    controller.restore(data)
-    controller.start()
-    return controller
+def agent_with(tmp_path: Path, data: CheckpointData, sources: tuple[str, ...]) -> Agent:
+    """The agent's objects as the composition root builds them, nothing served; `sources` registered."""
+    config = AgentConfig(tmp_path, tmp_path / "pr.sock", "node", 300, "127.0.0.1:0", startup_plugin_wait=0)
+    agent = Agent(config)
+    for source in sources:
+        agent.pods.register_source(source)
+    agent.manager.restore(data)
+    agent.admission.restore(data)
+    agent.admission.start()
+    return agent
+
+
+async def admitted(controller: AdmissionRunner, uid: str) -> str:
+    record = await controller.settled(uid)
+    assert record is not None
+    return f"{record.state}{' restored' if record.restored else ''}"
 
 
 async def test_nothing_is_freed_before_all_sources_are_synced(tmp_path: Path) -> None:
-    controller = await controller_with(tmp_path, checkpoint_with("kept", "gone", "done"))
-    controller.register_source("file")
-    controller.register_source("api")
+    agent = agent_with(tmp_path, checkpoint_with("kept", "gone", "done"), ("file", "api"))
+    controller = agent.admission
     try:
         controller.pod_set("file", "kept.yaml", pod("kept"))
         controller.pod_set("file", "done.yaml", pod("done", phase="Succeeded"))
         controller.synced("file")
         assert controller.collect_garbage() == []
-        assert controller.pod_devices.pods() == {"kept", "gone", "done"}  # "api" may still report gone/done
-        await controller.records["kept"].admitted.wait()
-        assert controller.records["kept"].state == "admitted" and controller.records["kept"].restored
+        assert agent.pod_devices.pods() == {"kept", "gone", "done"}  # "api" may still report gone/done
+        assert await admitted(controller, "kept") == "admitted restored"
         controller.synced("api")
-        assert controller.pod_devices.pods() == {"kept"}
-        assert controller.records["done"].state == "terminated"
+        assert agent.pod_devices.pods() == {"kept"}
+        assert await admitted(controller, "done") == "terminated"
     finally:
         await controller.stop()
 
 
 async def test_removed_pod_is_freed_at_once_when_synced(tmp_path: Path) -> None:
-    controller = await controller_with(tmp_path, checkpoint_with("a"))
-    controller.register_source("file")
+    agent = agent_with(tmp_path, checkpoint_with("a"), ("file",))
+    controller = agent.admission
     try:
         controller.pod_set("file", "a.yaml", pod("a"))
         controller.synced("file")
-        await controller.records["a"].admitted.wait()
+        assert await admitted(controller, "a") == "admitted restored"
         controller.pod_gone("file", "a.yaml")
-        assert controller.pod_devices.pods() == set()
-        assert controller.pods_json() == []
+        assert agent.pod_devices.pods() == set()
+        assert agent.views.pods() == []
     finally:
         await controller.stop()

@@ -27,8 +27,17 @@ def registry_with(resources: dict[str, Iterable[Dev]], options: PluginOptions | 
     return registry
 
 
-def allocator_with(resources: dict[str, Iterable[Dev]], options: PluginOptions | None = None) -> Allocator:
-    return Allocator(registry_with(resources, options), PodDevices())
+class CheckedAllocator(Allocator):
+    """An allocator that keeps the registry and PodDevices it was given at hand, for the tests' assertions."""
+
+    def __init__(self, registry: DeviceRegistry, pod_devices: PodDevices) -> None:
+        super().__init__(registry, pod_devices)
+        self.registry = registry
+        self.pod_devices = pod_devices
+
+
+def allocator_with(resources: dict[str, Iterable[Dev]], options: PluginOptions | None = None) -> CheckedAllocator:
+    return CheckedAllocator(registry_with(resources, options), PodDevices())
 
 
 def pod(uid: str, *containers: Container, init: Sequence[Container] = ()) -> Pod:

@@ -39,7 +39,7 @@ def test_update_capacity_allocatable() -> None:
     reg.plugin_disconnected("res1", "/s1", now=0)
     result = reg.sweep(GRACE + 10)
     assert result.deleted == ("res1",)
-    assert "res1" not in result.capacity and "res1" not in reg.resources
+    assert "res1" not in result.capacity and "res1" not in reg
     # e2 disconnects: stop time set, all its devices unhealthy.
     reg.plugin_disconnected("res2", "/s2", now=1)
     endpoint = reg.primary_endpoint("res2")
@@ -74,12 +74,13 @@ def test_endpoint_sync_on_disconnect() -> None:
     reg.plugin_connected("r/x", "/s", OPTS, 0)
     reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H", "c:U"))
     reg.plugin_disconnected("r/x", "/s", now=10)
-    state = reg.resources["r/x"]
+    state = reg.resource("r/x")
+    assert state is not None
     assert state.healthy == set() and state.unhealthy == {"a", "b", "c"}
     assert len(state.all_devices) == 3  # reported devices are untouched (markResourceUnhealthy)
     assert reg.sweep(10 + GRACE).capacity.get("r/x") == 3  # not yet: strictly greater than the grace period
     result = reg.sweep(10 + GRACE + 0.001)
-    assert result.deleted == ("r/x",) and reg.resources == {}
+    assert result.deleted == ("r/x",) and reg.statuses() == []
 
 
 def test_same_resource_same_socket_rejected() -> None:
@@ -90,7 +91,7 @@ def test_same_resource_same_socket_rejected() -> None:
     with pytest.raises(AlreadyConnectedError, match=r"device plugin already connected.*/s"):
         reg.plugin_connected("r/x", "/s", PluginOptions(pre_start_required=True), 1)
     assert reg.primary_endpoint("r/x") is first
-    assert list(reg.resources["r/x"].endpoints) == ["/s"]
+    assert reg.connected_sockets("r/x") == ["/s"]
     assert counts(reg, "r/x") == (2, 2)
 
 
@@ -99,7 +100,7 @@ def test_same_resource_different_sockets_coexist() -> None:
     reg = DeviceRegistry(GRACE)
     reg.plugin_connected("r/x", "/s1", OPTS, 0)
     second = reg.plugin_connected("r/x", "/s2", OPTS, 1)
-    assert set(reg.resources["r/x"].endpoints) == {"/s1", "/s2"}
+    assert reg.connected_sockets("r/x") == ["/s1", "/s2"]
     assert reg.primary_endpoint("r/x") is second
 
 
@@ -137,7 +138,7 @@ def test_survivor_devices_replace_the_dead_primary() -> None:
     assert reg.apply_snapshot("r/x", "/s1", devs("old:U")).applied is False
     assert reg.healthy_ids("r/x") == {"n1", "n2"}
     reg.plugin_disconnected("r/x", "/s2", 2)
-    assert reg.resources["r/x"].unhealthy == {"old"} and reg.healthy_ids("r/x") == set()
+    assert set(reg.resource("r/x").unhealthy) == {"old"} and reg.healthy_ids("r/x") == set()
 
 
 def test_last_endpoint_disconnect_marks_unhealthy() -> None:
@@ -146,7 +147,7 @@ def test_last_endpoint_disconnect_marks_unhealthy() -> None:
     endpoint = reg.plugin_connected("r/x", "/s", OPTS, 0)
     reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
     reg.plugin_disconnected("r/x", "/s", 3)
-    assert reg.resources["r/x"].endpoints == {}
+    assert reg.connected_sockets("r/x") == []
     assert endpoint.stop_time == 3
     assert counts(reg, "r/x", 4) == (2, 0)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 
 import grpc
 
+from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.core.registry import Device, PluginOptions
@@ -15,8 +16,6 @@ from deviceplane.core.snapshot import checked_snapshot
 
 log = logging.getLogger("deviceplane.agent.plugin")
 
-SnapshotCallback = Callable[[Sequence[Device]], None]
-StreamEndCallback = Callable[[str], Awaitable[None]]
 MAX_PROBLEMS_LOGGED = 4096
 
 
@@ -25,12 +24,8 @@ def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
     return [Device(d.ID, d.health, tuple([n.ID for n in d.topology.nodes])) for d in devices]
 
 
-class PluginDialError(Exception):
-    pass
-
-
 class PluginClient:
-    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs."""
+    """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs (a `PluginConnection`)."""
 
     def __init__(self, resource: str, socket_path: str) -> None:
         self.resource = resource

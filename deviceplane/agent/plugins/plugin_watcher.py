@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import watchfiles
 
-from deviceplane.agent.plugins.manager import DeviceManager, RegistrationError
+from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from deviceplane.core.constants import (
@@ -49,19 +49,19 @@ def is_plugin_socket(path: Path) -> bool:
 
 
 class PluginWatcher:
-    def __init__(self, directory: Path, manager: DeviceManager, dial_timeout: float = DIAL_TIMEOUT_SECONDS) -> None:
-        self.directory = directory
-        self.manager = manager
-        self.dial_timeout = dial_timeout
-        self.registered: dict[str, Registered] = {}
+    def __init__(self, directory: Path, handler: PluginHandler, dial_timeout: float = DIAL_TIMEOUT_SECONDS) -> None:
+        self._directory = directory
+        self._handler = handler
+        self._dial_timeout = dial_timeout
+        self._registered: dict[str, Registered] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
-        self.directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self._directory.mkdir(mode=0o755, parents=True, exist_ok=True)
         stop = asyncio.Event()
         try:
-            watcher = watchfiles.awatch(self.directory, recursive=True, stop_event=stop, debounce=50, step=20)
+            watcher = watchfiles.awatch(self._directory, recursive=True, stop_event=stop, debounce=50, step=20)
             self.rescan()
             if ready is not None:
                 ready.set()
@@ -76,16 +76,16 @@ class PluginWatcher:
 
     def rescan(self) -> None:
         present: dict[str, int] = {}
-        for root, _dirs, files in os.walk(self.directory):
+        for root, _dirs, files in os.walk(self._directory):
             for name in files:
                 path = Path(root) / name
                 if is_plugin_socket(path):
                     present[str(path)] = os.lstat(path).st_mtime_ns
         for socket_path, mtime in present.items():
-            known = self.registered.get(socket_path)
+            known = self._registered.get(socket_path)
             if known is None or known.mtime_ns != mtime:
                 self._spawn(socket_path, mtime)
-        for socket_path in list(self.registered):
+        for socket_path in list(self._registered):
             if socket_path not in present:
                 self._spawn(socket_path, None)
 
@@ -99,15 +99,15 @@ class PluginWatcher:
         lock = self._locks.setdefault(socket_path, asyncio.Lock())
         try:
             async with lock:
-                known = self.registered.get(socket_path)
+                known = self._registered.get(socket_path)
                 if known is not None and (mtime is None or known.mtime_ns != mtime):
-                    del self.registered[socket_path]
-                    await self.manager.deregister(known.resource, known.endpoint, "plugin socket removed")
+                    del self._registered[socket_path]
+                    await self._handler.deregister(known.resource, known.endpoint, "plugin socket removed")
                     log.info("plugin deregistered", extra={"socket": socket_path})
-                if mtime is not None and socket_path not in self.registered:
+                if mtime is not None and socket_path not in self._registered:
                     await self._register(socket_path, mtime)
         finally:
-            if not lock.locked() and socket_path not in self.registered:
+            if not lock.locked() and socket_path not in self._registered:
                 self._locks.pop(socket_path, None)
 
     async def _register(self, socket_path: str, mtime: int) -> None:
@@ -116,14 +116,14 @@ class PluginWatcher:
         ) as channel:
             stub = reg_grpc.RegistrationStub(channel)
             try:
-                await asyncio.wait_for(channel.channel_ready(), self.dial_timeout)
+                await asyncio.wait_for(channel.channel_ready(), self._dial_timeout)
                 info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)
             except (TimeoutError, grpc.aio.AioRpcError) as err:
                 log.warning("RegisterPlugin error -- dial failed at socket %s, err: %s", socket_path, err)
                 return
             error = await self._connect(socket_path, info)
             if error is None:
-                self.registered[socket_path] = Registered(info.name, self._endpoint(socket_path, info), mtime)
+                self._registered[socket_path] = Registered(info.name, self._endpoint(socket_path, info), mtime)
             else:
                 log.warning("plugin registration failed", extra={"socket": socket_path, "error": error})
             try:
@@ -154,7 +154,7 @@ class PluginWatcher:
             return f"RegisterPlugin error -- plugin validation failed with err: {problem}"
         endpoint = self._endpoint(socket_path, info)
         try:
-            await self.manager.register(info.name, endpoint)
+            await self._handler.register(info.name, endpoint)
         except RegistrationError as err:
             return f"RegisterPlugin error -- plugin registration failed with err: {err}"
         return None

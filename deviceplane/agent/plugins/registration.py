@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from deviceplane.agent.plugins.manager import DeviceManager, RegistrationError
+from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.core.constants import CHECKPOINT_NAME, SUPPORTED_VERSIONS
@@ -61,8 +61,8 @@ def resolve_endpoint(plugin_dir: Path, endpoint: str) -> str:
 
 
 class RegistrationServicer(pb_grpc.RegistrationServicer):
-    def __init__(self, manager: DeviceManager, plugin_dir: Path, on_attempt: Callable[[str], None]) -> None:
-        self._manager = manager
+    def __init__(self, handler: PluginHandler, plugin_dir: Path, on_attempt: Callable[[str], None]) -> None:
+        self._handler = handler
         self._plugin_dir = plugin_dir
         self._on_attempt = on_attempt
 
@@ -75,7 +75,7 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
             if not is_extended_resource_name(request.resource_name):
                 raise RegistrationError(invalid_resource_name_error(request.resource_name))
             socket_path = resolve_endpoint(self._plugin_dir, request.endpoint)
-            await self._manager.register(request.resource_name, socket_path)
+            await self._handler.register(request.resource_name, socket_path)
         except RegistrationError as err:
             log.warning(
                 "registration rejected",

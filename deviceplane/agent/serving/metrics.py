@@ -11,12 +11,17 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deviceplane.agent.plugins.manager import DeviceEvent, DeviceManager
+from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.core.names import is_extended_resource_name
+from deviceplane.core.registry import DeviceRegistry
+
+# Bound for hostile registrations: the counter keeps one series for all invalid names.
+INVALID_RESOURCE_LABEL = "<invalid>"
 
 
 class DeviceStateCollector(Collector):
-    def __init__(self, manager: DeviceManager, node: str, allocated: Callable[[str], int]) -> None:
-        self._manager = manager
+    def __init__(self, registry: DeviceRegistry, node: str, allocated: Callable[[str], int]) -> None:
+        self._registry = registry
         self._node = node
         self._allocated = allocated
 
@@ -34,7 +39,8 @@ class DeviceStateCollector(Collector):
             "1 while a device plugin for the resource is connected.",
             labels=["node", "resource_name"],
         )
-        for name, state in sorted(self._manager.registry.resources.items()):
+        for state in self._registry.statuses():
+            name = state.name
             for device_id in sorted(state.all_devices):
                 health.add_metric([self._node, name, device_id], 1.0 if device_id in state.healthy else 0.0)
             devices.add_metric([self._node, name, "healthy"], len(state.healthy))
@@ -48,7 +54,10 @@ class DeviceStateCollector(Collector):
 
 
 class AgentMetrics:
-    def __init__(self, manager: DeviceManager, node: str, allocated: Callable[[str], int] = lambda _r: 0) -> None:
+    """The agent's Prometheus registry. `on_device_event` is a device listener (health transitions);
+    `allocated(resource)` counts the devices held, read at scrape time."""
+
+    def __init__(self, registry: DeviceRegistry, node: str, allocated: Callable[[str], int]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.node = node
         self.registration_total = Counter(
@@ -75,9 +84,13 @@ class AgentMetrics:
             ["node", "resource_name", "device_id"],
             registry=self.registry,
         )
-        self.registry.register(DeviceStateCollector(manager, node, allocated))
-        manager.observers.append(self._on_event)
+        self.registry.register(DeviceStateCollector(registry, node, allocated))
 
-    def _on_event(self, event: DeviceEvent) -> None:
+    def count_registration(self, resource: str) -> None:
+        """Counted before validation, as upstream: rejected attempts show up too."""
+        label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
+        self.registration_total.labels(label).inc()
+
+    def on_device_event(self, event: DeviceEvent) -> None:
         for device_id in event.transitions:
             self.health_transitions.labels(self.node, event.resource, device_id).inc()

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import grpc
 
-from deviceplane.agent.admission.admission import ADMITTED, AdmissionController, PodRecord
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from deviceplane.core.pod_devices import DeviceInstance
+from deviceplane.core.pod_devices import DeviceInstance, PodDevices
+from deviceplane.core.pod_table import PodRecord, PodTable
+from deviceplane.core.registry import DeviceRegistry
 
 log = logging.getLogger("deviceplane.podresources")
 
@@ -34,32 +35,29 @@ def container_devices(rows: list[DeviceInstance]) -> list[pr.ContainerDevices]:
 
 
 class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
-    def __init__(self, controller: AdmissionController) -> None:
-        self.controller = controller
-
-    def _active(self) -> list[PodRecord]:
-        records = [r for r in self.controller.records.values() if r.state == ADMITTED and not r.pod.terminal]
-        return sorted(records, key=lambda r: (r.pod.namespace, r.pod.name))
+    def __init__(self, table: PodTable, pod_devices: PodDevices, registry: DeviceRegistry) -> None:
+        self._table = table
+        self._pod_devices = pod_devices
+        self._registry = registry
 
     def _pod_resources(self, record: PodRecord) -> pr.PodResources:
         pod = record.pod
         containers = []
         for container in (*[c for c in pod.init_containers if c.restartable], *pod.containers):
-            rows = self.controller.pod_devices.device_instances(pod.uid, container.name)
+            rows = self._pod_devices.device_instances(pod.uid, container.name)
             containers.append(pr.ContainerResources(name=container.name, devices=container_devices(rows)))
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
     async def List(
         self, request: pr.ListPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr.ListPodResourcesResponse:
-        return pr.ListPodResourcesResponse(pod_resources=[self._pod_resources(r) for r in self._active()])
+        return pr.ListPodResourcesResponse(pod_resources=[self._pod_resources(r) for r in self._table.active()])
 
     async def Get(
         self, request: pr.GetPodResourcesRequest, context: grpc.aio.ServicerContext
     ) -> pr.GetPodResourcesResponse:
-        uid = self.controller.by_name.get(f"{request.pod_namespace}/{request.pod_name}")
-        record = self.controller.records.get(uid) if uid is not None else None
-        if record is not None and record.state == ADMITTED and not record.pod.terminal:
+        record = self._table.find(request.pod_namespace, request.pod_name)
+        if record is not None and record.active:
             return pr.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
         await context.abort(
             grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"
@@ -71,19 +69,19 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
     ) -> pr.AllocatableResourcesResponse:
         rows = [
             DeviceInstance(resource, device.id, numa)
-            for resource, devices in sorted(self.controller.manager.registry.allocatable_devices().items())
+            for resource, devices in sorted(self._registry.allocatable_devices().items())
             for device in devices
             for numa in (device.numa_nodes or (None,))
         ]
         return pr.AllocatableResourcesResponse(devices=container_devices(rows))
 
 
-async def serve_pod_resources(controller: AdmissionController, socket_path: Path) -> grpc.aio.Server:
+async def serve_pod_resources(servicer: PodResourcesServicer, socket_path: Path) -> grpc.aio.Server:
     socket_path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # a stale socket from a previous run
     server = grpc.aio.server()
-    pr_grpc.add_PodResourcesListerServicer_to_server(PodResourcesServicer(controller), server)
+    pr_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
     server.add_insecure_port(f"unix://{socket_path}")
     await server.start()
     log.info("pod resources API serving", extra={"socket": str(socket_path)})

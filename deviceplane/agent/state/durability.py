@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 
-from deviceplane.agent.plugins.manager import DeviceManager
+from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.journal import Journal, alloc_record, release_record
-from deviceplane.core.checkpoint import CheckpointData, PodDevicesEntry
+from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import Allocation, PodDevices
+from deviceplane.core.registry import DeviceRegistry
 
 log = logging.getLogger("deviceplane.durability")
 
@@ -29,35 +29,57 @@ MIN_CHECKPOINT_INTERVAL_SECONDS = 1.0
 CHECKPOINT_PACING = 50.0
 
 
+class CheckpointContent:
+    """What the kubelet checkpoint holds: every registered resource's healthy devices and the allocations of pods
+    whose admission has finished. Pods still being admitted (PreStartContainer included) are kept out, so a crash
+    can only ever restore pods that completed admission."""
+
+    def __init__(self, registry: DeviceRegistry, pod_devices: PodDevices) -> None:
+        self._registry = registry
+        self._pod_devices = pod_devices
+        self._pending: set[str] = set()
+
+    def begin(self, pod_uid: str) -> None:
+        self._pending.add(pod_uid)
+
+    def end(self, pod_uid: str) -> None:
+        self._pending.discard(pod_uid)
+
+    def snapshot(self) -> CheckpointData:
+        """Cheap (a list copy), taken on the loop; encoding happens in the writer's thread."""
+        entries = self._pod_devices.entries()
+        if self._pending:
+            entries = [entry for entry in entries if entry.PodUID not in self._pending]
+        # PodDeviceEntries stays nil (null) while nothing is allocated, exactly as the kubelet writes it.
+        return CheckpointData(PodDeviceEntries=entries or None, RegisteredDevices=self._registry.registered_healthy())
+
+
 class AllocationStore:
-    def __init__(self, manager: DeviceManager, pod_devices: PodDevices, directory: Path) -> None:
-        self.manager = manager
-        self.pod_devices = pod_devices
-        self.journal = Journal(directory)
+    def __init__(
+        self, pod_devices: PodDevices, journal: Journal, content: CheckpointContent, checkpoint: CheckpointWriter
+    ) -> None:
+        self._pod_devices = pod_devices
+        self._journal = journal
+        self._content = content
+        self._checkpoint = checkpoint
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.checkpoints = 0
         self.last_checkpoint_seconds = 0.0
-        # Pods whose admission has not finished (PreStartContainer included) are kept out of the checkpoint, so a
-        # crash can only ever restore pods that completed admission.
-        self._pending: set[str] = set()
-        manager.pod_entries = self._committed_entries
-
-    def _committed_entries(self) -> list[PodDevicesEntry]:
-        entries = self.pod_devices.entries()
-        if not self._pending:
-            return entries
-        return [entry for entry in entries if entry.PodUID not in self._pending]
 
     def restore(self, data: CheckpointData | None) -> tuple[int, int]:
         """Checkpoint entries, then the journal on top; returns (entries loaded, journal records applied). Blocking."""
         loaded = 0
         if data is not None and data.PodDeviceEntries:
-            skipped = self.pod_devices.load(data.PodDeviceEntries)
+            skipped = self._pod_devices.load(data.PodDeviceEntries)
             loaded = len(data.PodDeviceEntries) - skipped
-        applied = self.journal.replay(self.pod_devices)
-        self.journal.open()
+        applied = self._journal.replay(self._pod_devices)
+        self._journal.open()
         return loaded, applied
+
+    @property
+    def journal_syncs(self) -> int:
+        return self._journal.syncs
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="checkpoint-pacer")
@@ -67,13 +89,15 @@ class AllocationStore:
 
     def begin(self, pod_uid: str) -> None:
         """An admission starts: its allocations stay out of the checkpoint until `commit` or `abandon`."""
-        self._pending.add(pod_uid)
+        self._content.begin(pod_uid)
 
     def commit(self, pod_uid: str) -> None:
         """Call in the same loop step as the pod's `allocated` appends (journal and checkpoint then agree)."""
-        self._pending.discard(pod_uid)
+        self._content.end(pod_uid)
 
-    abandon = commit  # a failed admission: nothing of it is pending any more (its release is journaled)
+    def abandon(self, pod_uid: str) -> None:
+        """A failed admission: nothing of it is pending any more (its release is journaled)."""
+        self._content.end(pod_uid)
 
     def allocated(self, allocation: Allocation) -> asyncio.Future[None]:
         """Journal an allocation already applied to PodDevices; the future resolves once it is on disk.
@@ -86,11 +110,11 @@ class AllocationStore:
         checkpoint, so a rotation point between a change and its append is covered by the record, which lands in
         the newer segment."""
         self._dirty.set()
-        return self.journal.append(alloc_record(allocation))
+        return self._journal.append(alloc_record(allocation))
 
     def released(self, pod_uid: str) -> asyncio.Future[None]:
         self._dirty.set()
-        return self.journal.append(release_record(pod_uid))
+        return self._journal.append(release_record(pod_uid))
 
     # -- background checkpoint -----------------------------------------------------------------------------------------
 
@@ -109,10 +133,10 @@ class AllocationStore:
 
     async def checkpoint_now(self) -> None:
         """Write a checkpoint covering every change so far, then drop the journal segments it covers."""
-        covered = self.journal.rotate()
-        await self.manager.checkpoint.request()
-        await self.journal.wait_closed(covered)
-        await asyncio.to_thread(self.journal.delete_upto, covered)
+        covered = self._journal.rotate()
+        await self._checkpoint.request()
+        await self._journal.wait_closed(covered)
+        await asyncio.to_thread(self._journal.delete_upto, covered)
         self.checkpoints += 1
 
     async def close(self) -> None:
@@ -123,4 +147,4 @@ class AllocationStore:
             await self.checkpoint_now()
         except Exception as err:
             log.warning("final checkpoint failed: %s", err)
-        await self.journal.close()
+        await self._journal.close()

@@ -1,0 +1,186 @@
+"""One pod's admission, from waiting for its plugins to its durable record, and the release of what a pod holds.
+
+Init containers then app containers (core.admission_plan drives the choice; `PluginCalls` runs its RPCs, each with
+a deadline). Then PreStartContainer is called where the plugin asks (30 s, as upstream), then the journal records
+are made durable, and only then is the pod reported admitted; until then the pod is kept out of the checkpoint, so
+whatever a restart restores has completed admission. Any failure releases everything the admission took.
+
+Nothing is locked across an RPC: choosing and reserving devices happen in one synchronous step, so concurrent
+admissions never share a device, and a slow plugin only delays the admissions that need it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from deviceplane.agent.admission.plugin_calls import PluginCalls
+from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.state.durability import AllocationStore
+from deviceplane.core.admission_plan import AllocateCall, PodOutcome, admit_pod, pre_start_calls
+from deviceplane.core.allocator import AllocationError, Allocator
+from deviceplane.core.pod_devices import PodDevices
+from deviceplane.core.pod_table import PodRecord, PodState, PodTable
+from deviceplane.core.pods import Pod
+from deviceplane.core.registry import DeviceRegistry
+from deviceplane.core.topology import POLICY_NONE
+
+log = logging.getLogger("deviceplane.admission")
+
+# After the agent starts, an admission waits this long for the plugins of the resources it needs to (re)register
+# and report devices, instead of failing at once as the kubelet does (kubernetes#118559).
+STARTUP_PLUGIN_WAIT_SECONDS = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSettings:
+    policy: str = POLICY_NONE
+    numa_nodes: tuple[int, ...] = ()
+    startup_wait: float = STARTUP_PLUGIN_WAIT_SECONDS
+
+
+class DeviceChanges:
+    """A device listener that wakes admissions waiting for plugins to come back after a restart."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Event()
+
+    def __call__(self, _event: DeviceEvent) -> None:
+        self._changed.set()
+
+    async def wait(self, timeout: float) -> None:
+        """Until the next change, or `timeout` seconds."""
+        self._changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionParts:
+    """What admission works with, built by the composition root (agent/app.py)."""
+
+    table: PodTable
+    pod_devices: PodDevices
+    allocator: Allocator
+    registry: DeviceRegistry
+    store: AllocationStore
+    plugins: PluginCalls
+    device_changes: DeviceChanges
+
+
+class Admitter:
+    def __init__(
+        self, parts: AdmissionParts, settings: AdmissionSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._table = parts.table
+        self._pod_devices = parts.pod_devices
+        self._allocator = parts.allocator
+        self._registry = parts.registry
+        self._store = parts.store
+        self._plugins = parts.plugins
+        self._device_changes = parts.device_changes
+        self._settings = settings
+        self._clock = clock
+        self._started_at = clock()
+
+    def start(self) -> None:
+        """The startup wait counts from here."""
+        self._started_at = self._clock()
+
+    async def admit(self, record: PodRecord) -> None:
+        pod = record.pod
+        started = self._clock()
+        try:
+            await self._wait_for_plugins(pod)
+            self._store.begin(pod.uid)
+            outcome = await self._allocate(pod)
+            if outcome.restored:
+                self._commit(pod)
+            else:
+                # PreStartContainer (the container's start) comes before durability: a crash in between leaves
+                # nothing restorable, so a restored pod has always had its PreStart.
+                for call in pre_start_calls(self._allocator, pod):
+                    await self._plugins.pre_start(call)
+                await self._durable(pod)
+        except asyncio.CancelledError:
+            self.release(pod.uid, "admission cancelled")
+            raise
+        except AllocationError as err:
+            self._fail(record, str(err), err.kind)
+        except Exception as err:  # a bug must fail this pod, not the agent
+            log.exception("admission failed unexpectedly", extra={"pod": pod.key})
+            self._fail(record, f"internal error: {err}", "internal")
+        else:
+            if self._table.get(pod.uid) is record:
+                record.state = PodState.ADMITTED
+                record.restored = outcome.restored
+                log.info(
+                    "pod admitted",
+                    extra={"pod": pod.key, "uid": pod.uid, "restored": outcome.restored,
+                           "seconds": round(self._clock() - started, 6)},
+                )  # fmt: skip
+
+    def release(self, uid: str, why: str) -> None:
+        """Free everything the pod holds or has reserved (journaled)."""
+        self._store.abandon(uid)
+        released = self._allocator.release_pod(uid)
+        if released:
+            self._store.released(uid)
+            log.info("devices released", extra={"uid": uid, "reason": why, "entries": len(released)})
+
+    def _fail(self, record: PodRecord, reason: str, kind: str) -> None:
+        self.release(record.pod.uid, "admission failed")
+        record.state = PodState.FAILED
+        record.reason = reason
+        log.warning("pod admission failed", extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason})
+
+    async def _wait_for_plugins(self, pod: Pod) -> None:
+        """Right after start, give plugins a moment to come back before deciding their resources are missing."""
+        # Zero requests too: upstream still refuses them while a resource has no healthy device.
+        wanted = sorted({r for c in pod.all_containers for r, _ in c.limits})
+        startup_wait = self._settings.startup_wait
+        while self._clock() - self._started_at < startup_wait:
+            if all(self._registry.plugin_ready(r) for r in wanted):
+                return
+            remaining = startup_wait - (self._clock() - self._started_at)
+            await self._device_changes.wait(max(remaining, 0.001))
+
+    async def _allocate(self, pod: Pod) -> PodOutcome:
+        steps = admit_pod(self._allocator, pod, self._settings.policy, self._settings.numa_nodes)
+        try:
+            step = next(steps)
+            while True:
+                if isinstance(step, AllocateCall):
+                    step = steps.send(await self._plugins.allocate(step))
+                else:
+                    step = steps.send(await self._plugins.preferred(step))
+        except StopIteration as done:
+            outcome: PodOutcome = done.value
+            return outcome
+        finally:
+            steps.close()
+
+    def _commit(self, pod: Pod) -> None:
+        """The admission is complete: the pod may enter the checkpoint. Run-option conflicts (spec §4.10: the first
+        value wins, upstream only logs the others) are logged here, once per container."""
+        self._store.commit(pod.uid)
+        for container in pod.all_containers:
+            options = self._pod_devices.run_options(pod.uid, container.name, [r for r, _ in container.limits])
+            if options is not None and options.conflicts:
+                log.warning(
+                    "conflicting run options",
+                    extra={"pod": pod.key, "uid": pod.uid, "container": container.name,
+                           "conflicts": options.conflicts},
+                )  # fmt: skip
+
+    async def _durable(self, pod: Pod) -> None:
+        """Commit the pod, journal its allocations and wait until they are on disk (see AllocationStore.allocated
+        for why appending them here, after PreStartContainer, keeps the journal's order)."""
+        self._commit(pod)
+        futures = [self._store.allocated(a) for a in self._pod_devices.allocations(pod.uid)]
+        if futures:
+            await asyncio.gather(*futures)

@@ -1,0 +1,147 @@
+"""The admission runner: the pod sources' sink (`PodSink`). It records what they report in the `PodTable` and runs
+one `Admitter.admit` task per new pod.
+
+Release (spec §4.8): a pod removed from its source, or in phase Succeeded/Failed, frees its devices, but only once
+every pod source has reported itself synced; pods restored from the checkpoint that no source knows are freed then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import sys
+
+from deviceplane.agent.admission.admitter import Admitter
+from deviceplane.agent.state.durability import AllocationStore
+from deviceplane.agent.tasks import cancel_and_wait
+from deviceplane.core.checkpoint import CheckpointData
+from deviceplane.core.pod_devices import PodDevices
+from deviceplane.core.pod_table import PodRecord, PodState, PodTable
+from deviceplane.core.pods import Pod
+
+log = logging.getLogger("deviceplane.admission")
+
+GIL_SWITCH_INTERVAL_SECONDS = 0.001
+
+
+class AdmissionRunner:
+    def __init__(self, table: PodTable, pod_devices: PodDevices, store: AllocationStore, admitter: Admitter) -> None:
+        self._table = table
+        self._pod_devices = pod_devices
+        self._store = store
+        self._admitter = admitter
+        self._tasks: dict[str, asyncio.Task[None]] = {}  # admissions in flight, by pod UID
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------------
+
+    def restore(self, data: CheckpointData | None) -> None:
+        """Blocking, at start: the checkpoint's allocations, then the journal on top."""
+        loaded, applied = self._store.restore(data)
+        if loaded or applied:
+            log.info(
+                "allocations restored",
+                extra={"entries": loaded, "journal_records": applied, "pods": len(self._pod_devices.pods())},
+            )
+
+    def start(self) -> None:
+        self._admitter.start()
+        # Checkpoint encoding runs in a worker thread; with the default 5 ms GIL switch interval every wake-up of
+        # the event loop could wait that long behind it. 1 ms keeps admission latency flat while a checkpoint of
+        # thousands of entries is written.
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_SECONDS))
+        self._store.start()
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._tasks.values())
+        await self._store.close()
+
+    async def settled(self, uid: str) -> PodRecord | None:
+        """Wait until the pod's admission (if one is running) has finished; then its record."""
+        task = self._tasks.get(uid)
+        if task is not None:
+            await asyncio.wait([task])
+        return self._table.get(uid)
+
+    # -- what sources report -------------------------------------------------------------------------------------------
+
+    def pod_set(self, source: str, key: str, pod: Pod) -> None:
+        """A pod appeared or changed at (source, key)."""
+        self._table.clear_error(source, key)
+        old_uid = self._table.uid_at(source, key)
+        if old_uid is not None and old_uid != pod.uid:
+            self.pod_gone(source, key)
+        problem = self._table.conflict(source, key, pod)
+        if problem is not None:
+            self.pod_error(source, key, problem)
+            return
+        record = self._table.get(pod.uid)
+        if record is not None:
+            self._table.bind(source, key, pod.uid)
+            # Same pod, updated: a pod's spec is immutable (as the API server enforces), only its phase moves on.
+            record.pod = dataclasses.replace(record.pod, phase=pod.phase)
+            if pod.terminal:
+                self._terminate(record, f"pod phase {pod.phase}")
+            return
+        record = self._table.add(pod, source, key)
+        if pod.terminal:
+            record.state = PodState.TERMINATED
+            record.reason = f"pod phase {pod.phase}"
+            self._release_when_synced(pod.uid)
+            return
+        task = asyncio.create_task(self._admitter.admit(record), name=f"admit {pod.key}")
+        self._tasks[pod.uid] = task
+        task.add_done_callback(functools.partial(self._forget_task, pod.uid))
+
+    def pod_error(self, source: str, key: str, error: str) -> None:
+        """The object at (source, key) is not a pod we can admit: reported, and any pod it held is gone."""
+        if self._table.uid_at(source, key) is not None:
+            self.pod_gone(source, key)
+        log.warning("pod rejected", extra={"source": source, "key": key, "error": error})
+        self._table.set_error(source, key, error)
+
+    def pod_gone(self, source: str, key: str) -> None:
+        self._table.clear_error(source, key)
+        record = self._table.remove_at(source, key)
+        if record is None:
+            return
+        self._cancel(record.pod.uid)  # its own cleanup releases what it took
+        self._release_when_synced(record.pod.uid)
+
+    def synced(self, source: str) -> None:
+        self._table.mark_synced(source)
+        if self._table.all_synced:
+            self.collect_garbage()
+
+    def collect_garbage(self) -> list[str]:
+        """Upstream UpdateAllocatedDevices: free pods no source knows as live (only once all are synced)."""
+        if not self._table.all_synced:
+            return []
+        live = self._table.live_uids()
+        gone = [uid for uid in self._pod_devices.pods() if uid not in live]
+        for uid in gone:
+            self._admitter.release(uid, "pod no longer active")
+        return gone
+
+    # -- release -------------------------------------------------------------------------------------------------------
+
+    def _forget_task(self, uid: str, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(uid) is task:
+            del self._tasks[uid]
+
+    def _cancel(self, uid: str) -> None:
+        task = self._tasks.get(uid)
+        if task is not None and not task.done():
+            task.cancel()
+
+    def _terminate(self, record: PodRecord, reason: str) -> None:
+        self._cancel(record.pod.uid)
+        record.state = PodState.TERMINATED
+        record.reason = reason
+        self._release_when_synced(record.pod.uid)
+
+    def _release_when_synced(self, uid: str) -> None:
+        if self._table.all_synced:
+            self._admitter.release(uid, "pod terminated")
+        # otherwise the garbage collection at sync time frees it
