@@ -31,15 +31,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-log = logging.getLogger("deviceplane.agent.supervisor")
+from deviceplane.agent.tasks import TaskFactory
 
-TaskFactory = Callable[[], Coroutine[Any, Any, None]]
+log = logging.getLogger("deviceplane.agent.supervisor")
 
 INITIAL_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 30.0

@@ -3,6 +3,7 @@ counted, and the valid records after it are still replayed."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from deviceplane.agent.state.journal import Journal, alloc_record, list_segments
 from deviceplane.core.pod_devices import PodDevices
 from tests.integration.test_allocation_journal import alloc, state
+from tests.support.procs import AgentProcess
 
 
 async def written(directory: Path, pods: int) -> Path:
@@ -71,3 +73,17 @@ async def test_corrupt_last_record_before_zeros_is_a_torn_tail(tmp_path: Path) -
     pds = PodDevices()
     assert journal.replay(pds) == 2
     assert journal.corrupt_records == 0
+
+
+async def test_agent_counts_and_logs_mid_segment_corruption(short_tmp: Path) -> None:
+    plugin_dir = short_tmp / "dp"
+    path = await written(plugin_dir, 3)
+    flip(path, 0)
+    agent = AgentProcess(short_tmp, plugin_dir=plugin_dir).start()
+    try:
+        assert agent.metric("deviceplane_journal_corrupt_records_total") == 1.0
+        [entry] = [json.loads(line) for line in agent.log().splitlines() if "journal segment corrupt" in line]
+        assert entry["level"] == "error" and entry["lines"] == [1] and entry["segment"] == str(path)
+        assert agent.get_text("/readyz") == "ok"
+    finally:
+        agent.kill()

@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -194,17 +193,3 @@ class StaticPodDirectory:
             # A parser bug, not the file's fault alone: keep the traceback, report the file, read the others.
             log.exception("pod manifest could not be read", extra={"file": name})
             return f"{name}: cannot be read as a pod: {type(err).__name__}: {err}"
-
-
-async def run_sources(sources: list[PodSource], sink: PodSink, on_crash: Callable[[str, BaseException], None]) -> None:
-    """Run every source; one that crashes is reported and does not take the others down."""
-
-    async def guarded(source: PodSource) -> None:
-        try:
-            await source.run(sink)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as err:
-            on_crash(source.name, err)
-
-    await asyncio.gather(*(guarded(s) for s in sources))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -38,8 +39,9 @@ class ApiViews:
         query = request.query if request is not None else {}
         limit = None
         if "limit" in query:
-            if not query["limit"].isdigit():
-                raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
+            # ASCII digits only ("²".isdigit() is true, int() refuses it), and short enough for int() to take
+            if not re.fullmatch(r"[0-9]{1,9}", query["limit"]):
+                raise web.HTTPBadRequest(text=f"limit must be an integer from 0 to 999999999, got {query['limit']!r}")
             limit = int(query["limit"])
         wanted = query.get("resource")
         agent = AgentView(version=__version__, node=self._node_name, lastHeartbeatTime=rfc3339(self._wall_clock()))
