@@ -35,7 +35,7 @@ def get(agent: AgentProcess, path: str) -> tuple[int, bytes]:
         return err.code, err.read()
 
 
-@fuzz_settings(bounded=200, long=30_000)
+@fuzz_settings(bounded=300, long=20_000)
 @given(PARAMS, st.sampled_from(["/api/v1/devices", "/api/v1/pods"]), st.booleans())
 def test_fuzz_http_query_strings(
     fuzz_agent: AgentProcess, fuzz_plugin: TestPlugin, params: list[tuple[str, str]], path: str, raw: bool

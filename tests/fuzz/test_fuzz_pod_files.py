@@ -51,7 +51,7 @@ def check_pod(pod: Pod) -> None:
             assert is_extended_resource_name(resource) and isinstance(count, int) and count >= 0
 
 
-@fuzz_settings(bounded=200, long=30_000)
+@fuzz_settings(bounded=400, long=30_000)
 @given(pod_file())
 def test_fuzz_pod_files(file: tuple[str, bytes]) -> None:
     name, content = file

@@ -25,7 +25,7 @@ def write_atomically(directory: Path, name: str, content: bytes) -> None:
     os.replace(temp, directory / name)
 
 
-@fuzz_settings(bounded=25, long=5_000)
+@fuzz_settings(bounded=40, long=10_000)
 @given(st.lists(pod_file(), min_size=1, max_size=4))
 def test_fuzz_pod_files_through_the_agent(
     fuzz_agent: AgentProcess, fuzz_plugin: TestPlugin, files: list[tuple[str, bytes]]

@@ -61,7 +61,7 @@ def plugin_dir_entries(fuzz_agent: AgentProcess, fuzz_root: Path) -> Iterator[Pa
     outside.close()
 
 
-@fuzz_settings(bounded=150, long=20_000)
+@fuzz_settings(bounded=200, long=20_000)
 @given(
     NAMES,
     ENDPOINTS,

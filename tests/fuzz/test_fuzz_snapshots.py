@@ -55,7 +55,7 @@ def drive(allocator: Allocator, pod: Pod, policy: str, numa: list[int]) -> set[s
         return set()
 
 
-@fuzz_settings(bounded=300, long=30_000)
+@fuzz_settings(bounded=500, long=30_000)
 @given(SNAPSHOTS, st.sampled_from(POLICIES), st.integers(1, 4), st.integers(0, 3))
 def test_fuzz_list_and_watch_snapshots(snapshots: list[list[pb.Device]], policy: str, nodes: int, want: int) -> None:
     registry = DeviceRegistry(grace_period=300)
@@ -64,7 +64,8 @@ def test_fuzz_list_and_watch_snapshots(snapshots: list[list[pb.Device]], policy:
         devices, _problems = checked_snapshot(devices_from_proto(pb.ListAndWatchResponse(devices=message).devices))
         registry.apply_snapshot(R, "/fz.sock", devices)
     last = {d.ID: d for d in snapshots[-1]}  # a repeated id: the last one counts
-    state = registry.resources[R]
+    state = registry.resource(R)
+    assert state is not None
     assert set(state.all_devices) == set(last)
     assert state.healthy.isdisjoint(state.unhealthy)
     assert state.healthy | state.unhealthy == set(last)

@@ -30,7 +30,7 @@ def expected(devices: list[tuple[str, str, list[int]]]) -> dict[str, tuple[str, 
     }
 
 
-@fuzz_settings(bounded=40, long=10_000)
+@fuzz_settings(bounded=100, long=10_000)
 @given(st.lists(DEVICE, max_size=6))
 def test_fuzz_snapshots_through_grpc(
     fuzz_agent: AgentProcess, fuzz_plugin: TestPlugin, devices: list[tuple[str, str, list[int]]]

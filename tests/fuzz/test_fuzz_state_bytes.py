@@ -14,8 +14,9 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
+from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
+from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
 from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, release_record
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, admit_pod
@@ -24,7 +25,7 @@ from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.constants import CHECKPOINT_NAME
 from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
 from deviceplane.core.pods import Container, Pod
-from deviceplane.core.registry import Device, PluginOptions
+from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
 from tests.support.fuzz import fuzz_settings
 
 R = "example.com/fz"
@@ -86,23 +87,23 @@ def damage(path: Path, how: str, position: int, length: int, data: bytes) -> Non
     path.write_bytes(bytes(blob))
 
 
-def restored_state(directory: Path) -> tuple[DeviceManager, PodDevices]:
-    """The agent's start path for durable state (DeviceManager.restore, then AllocationStore.restore's steps: the
-    checkpoint's entries, the journal replayed on top, a fresh segment opened), with small segments for speed."""
-    manager = DeviceManager(CheckpointStore(directory), grace_period=300)
-    data = manager.restore()
+def restored_state(directory: Path) -> tuple[DeviceRegistry, PodDevices]:
+    """The agent's start path for durable state, with its real classes (small journal segments, for speed)."""
+    registry = DeviceRegistry(grace_period=300)
     pod_devices = PodDevices()
-    if data is not None and data.PodDeviceEntries:
-        pod_devices.load(data.PodDeviceEntries)
+    checkpoint_file = CheckpointStore(directory)
+    data = checkpoint_file.read()
+    if data is not None and data.RegisteredDevices:
+        registry.restore(data.RegisteredDevices, 0.0)
+    content = CheckpointContent(registry, pod_devices)
     journal = Journal(directory, segment_bytes=8 << 10)
-    journal.replay(pod_devices)
-    journal.open()
+    store = AllocationStore(pod_devices, journal, content, CheckpointWriter(checkpoint_file.write, content.snapshot))
+    store.restore(data)
     asyncio.run(journal.close())
-    return manager, pod_devices
+    return registry, pod_devices
 
 
-def admit_new_pod(manager: DeviceManager, pod_devices: PodDevices, count: int) -> set[str]:
-    registry = manager.registry
+def admit_new_pod(registry: DeviceRegistry, pod_devices: PodDevices, count: int) -> set[str]:
     registry.plugin_connected(R, "/fz.sock", PluginOptions(), 0.0)
     registry.apply_snapshot(R, "/fz.sock", [Device(d, "Healthy", (0,)) for d in DEVICES])
     allocator = Allocator(registry, pod_devices)
@@ -123,7 +124,7 @@ def admit_new_pod(manager: DeviceManager, pod_devices: PodDevices, count: int) -
     return chosen
 
 
-@fuzz_settings(bounded=120, long=20_000)
+@fuzz_settings(bounded=300, long=20_000)
 @given(st.lists(DAMAGE, min_size=1, max_size=4), st.binary(min_size=1, max_size=16), st.integers(1, 12))
 def test_fuzz_checkpoint_and_journal_bytes(damages: list[Damage], garbage: bytes, request: int) -> None:
     directory = Path(tempfile.mkdtemp(prefix="dp-fuzz-state-"))
@@ -132,7 +133,7 @@ def test_fuzz_checkpoint_and_journal_bytes(damages: list[Damage], garbage: bytes
             shutil.copy(GOLDEN / name, directory / name)
         for name, how, position, length in damages:
             damage(directory / name, how, position, length, garbage)
-        manager, pod_devices = restored_state(directory)
+        registry, pod_devices = restored_state(directory)
         # a fresh segment follows the replayed ones
         assert list_segments(directory)[-1][0] > max(seq for seq, _ in list_segments(GOLDEN))
         held: dict[str, str] = {}
@@ -142,7 +143,7 @@ def test_fuzz_checkpoint_and_journal_bytes(damages: list[Damage], garbage: bytes
             for device in devices:
                 assert device not in held, f"{device} held by {held[device]} and {pod}"
                 held[device] = pod
-        chosen = admit_new_pod(manager, pod_devices, request)
+        chosen = admit_new_pod(registry, pod_devices, request)
         assert not chosen & set(held), (chosen, held)
         assert len(chosen) in (0, request)
     finally:
@@ -155,7 +156,7 @@ def test_undamaged_state_restores_everything_recorded() -> None:
     try:
         for name in FILES:
             shutil.copy(GOLDEN / name, directory / name)
-        _manager, pod_devices = restored_state(directory)
+        _registry, pod_devices = restored_state(directory)
         expected = {pod: set(devices) for pod, devices in RECORDED.items() if pod != "p1"}
         assert {pod: pod_devices.pod_devices(pod, R) for pod in pod_devices.pods()} == expected
     finally:
