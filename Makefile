@@ -5,8 +5,8 @@ export PATH := $(CACHE)/bin:$(PATH)
 
 .PHONY: deps k8s-bins promtool proto lint test unit demo bench clean
 
-deps:  ## Python package and test dependencies
-	$(PYTHON) -m pip install -q -e '.[test]'
+deps:  ## the package with every extra (cluster, operator, demo) and the test tools
+	$(PYTHON) -m pip install -q -e '.[cluster,operator,demo,test]'
 
 k8s-bins:  ## real kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok and Go device plugins (cached)
 	bash tests/k8s/build.sh

@@ -60,8 +60,6 @@ __all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 
 log = logging.getLogger("deviceplane.agent")
 
-SWEEP_INTERVAL_SECONDS = 1.0
-
 
 @dataclass(frozen=True)
 class AgentConfig:
@@ -91,14 +89,14 @@ class Agent:
         self.pods = PodTable()
         self.metrics = AgentMetrics(self.registry, config.node_name, self.pod_devices.allocated_count)
         # Every long-lived task runs under it (the background list below, the plugin watcher).
-        self.supervisor = Supervisor(self.metrics.registry)
+        self.supervisor = Supervisor(self.metrics.prometheus)
 
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
         content = CheckpointContent(self.registry, self.pod_devices)
         checkpoint = CheckpointWriter(self._checkpoint_file.write, content.snapshot)
         journal = Journal(config.plugin_dir)
-        self.metrics.registry.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
+        self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
         self.allocation_store = AllocationStore(self.pod_devices, journal, content, checkpoint)
 
         # -- plugin side ------------------------------------------------------------------------------------------
@@ -125,6 +123,7 @@ class Agent:
             store=self.allocation_store,
             plugins=PluginCalls(self.manager, self.metrics, config.allocate_timeout),
             device_changes=device_changes,
+            metrics=self.metrics,
         )
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
         self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, Admitter(parts, settings))
@@ -136,7 +135,7 @@ class Agent:
             self.pods.register_source(source.name)
 
         # -- serving ----------------------------------------------------------------------------------------------
-        self.views = ApiViews(self.registry, self.manager.sweep, self.pods, self.pod_devices, config.node_name)
+        self.views = ApiViews(self.registry, self.pods, self.pod_devices, config.node_name)
         self._pod_resources = PodResourcesServicer(self.pods, self.pod_devices, self.registry)
         self._pod_resources_server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -145,7 +144,7 @@ class Agent:
         # extension point: background tasks, (name, coroutine function); supervised, started in this order after
         # the servers. Each pod source is its own task, so one failing does not stop the others.
         self.background: list[tuple[str, TaskFactory]] = [
-            ("capacity-sweep", self._sweep_loop),
+            ("grace-period-expiry", self.manager.expire_loop),
             ("registration-socket", self.registration.keep_serving),
             ("checkpoint-pacer", self.allocation_store.run_checkpoints),
             *[(f"pod-source:{s.name}", functools.partial(s.run, self.admission)) for s in self.pod_sources],
@@ -178,7 +177,7 @@ class Agent:
             log.info("removed stale sockets", extra={"sockets": removed})
 
         await self.registration.start()
-        app = build_app(self.views.devices, self.views.pods, self.metrics.registry, self._health, self._readiness)
+        app = build_app(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
         if debug_faults_enabled():
             add_fault_route(app, self.supervisor)
         self._http = await serve(app, self.config.http_addr)
@@ -197,11 +196,6 @@ class Agent:
             "agent started",
             extra={"socket": str(self.registration.socket), "http": self.config.http_addr, "pid": os.getpid()},
         )
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_INTERVAL_SECONDS)
-            self.manager.sweep()
 
     async def _run_watcher(self) -> None:
         if self._watcher is not None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter
 
 from deviceplane.agent.tasks import TaskFactory
+from deviceplane.aio import cancel_and_wait
 
 log = logging.getLogger("deviceplane.agent.supervisor")
 
@@ -103,10 +104,7 @@ class Supervisor:
 
     async def stop(self) -> None:
         self._started = False
-        runners = [s.runner for s in self._tasks.values() if s.runner is not None]
-        for runner in runners:
-            runner.cancel()
-        await asyncio.gather(*runners, return_exceptions=True)
+        await cancel_and_wait([s.runner for s in self._tasks.values() if s.runner is not None])
         for supervised in self._tasks.values():
             supervised.runner = supervised.current = None
 
@@ -147,8 +145,7 @@ class Supervisor:
             try:
                 reason = await asyncio.shield(supervised.current)
             except asyncio.CancelledError:
-                supervised.current.cancel()
-                await asyncio.gather(supervised.current, return_exceptions=True)
+                await cancel_and_wait([supervised.current])
                 raise
             if self.clock() - started >= self.healthy_after:
                 backoff = self.initial_backoff

@@ -1,18 +1,7 @@
-"""Helpers for the agent's asyncio tasks (the long-lived ones run under agent.supervisor.Supervisor)."""
+"""What a long-lived task of the agent is, for the supervisor (agent.supervisor.Supervisor) and the composition root."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 TaskFactory = Callable[[], Awaitable[None]]
-
-
-async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
-    """Cancel every task and wait until each has finished; their outcomes (errors included) are collected, not
-    raised."""
-    pending = list(tasks)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)

@@ -9,6 +9,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 # subcommand -> module exposing add_arguments(parser) and run(args) -> int
 SUBCOMMANDS = {
@@ -17,6 +18,22 @@ SUBCOMMANDS = {
     "demo": ("deviceplane.cli.demo", "run the agent with reference plugins and show the result"),
     "operator": ("deviceplane.operator.cli", "run the DevicePluginConfig operator"),
 }
+
+
+# A third-party module a subcommand needs -> the extra that installs it (the base install has none of them).
+EXTRAS = {"rich": "demo", "kopf": "operator", "kubernetes": "cluster"}
+
+
+def _import(command: str, module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        extra = EXTRAS.get((err.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        raise SystemExit(
+            f"deviceplane {command}: needs {err.name}, which is not installed: pip install 'deviceplane[{extra}]'"
+        ) from None
 
 
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
@@ -28,7 +45,7 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
-            module = importlib.import_module(module_name)
+            module = _import(name, module_name)
             module.add_arguments(sub_parser)
             sub_parser.set_defaults(run=module.run)
     return parser

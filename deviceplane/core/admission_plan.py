@@ -12,7 +12,7 @@ from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.core.allocator import AllocationError, Allocator, AskPreferred, Chosen, ReusePool
+from deviceplane.core.allocator import AllocationError, AllocationResult, Allocator, AskPreferred, Chosen, ReusePool
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.pods import Container, Pod
 from deviceplane.core.topology import POLICY_NONE, TopologyHint, merge_hints, rejection_reason, resource_hints
@@ -62,7 +62,9 @@ def container_affinity(
         )
     decision = merge_hints(policy, numa, hints)
     if not decision.admit:
-        raise AllocationError(rejection_reason(policy, container.name, hints), "topology")
+        # Counted under the container's first device resource: the policy judged them together.
+        reason = rejection_reason(policy, container.name, hints)
+        raise AllocationError(reason, AllocationResult.TOPOLOGY, next(iter(hints), ""))
     return decision.hint
 
 
@@ -75,7 +77,9 @@ def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequen
         # The kubelet skips resources no plugin serves and leaves them to its node-allocatable predicate; without a
         # kubelet this is the only check, so such a pod is refused here, with the device manager's own message.
         if count > 0 and is_extended_resource_name(resource) and not allocator.is_device_plugin_resource(resource):
-            raise AllocationError(f"cannot allocate unregistered device {resource}", "unregistered")
+            raise AllocationError(
+                f"cannot allocate unregistered device {resource}", AllocationResult.UNREGISTERED, resource
+            )
     reuse = ReusePool()
     chosen_hints: dict[str, TopologyHint] = {}
     for container in pod.all_containers:
@@ -88,20 +92,31 @@ def admit_pod(allocator: Allocator, pod: Pod, policy: str = "none", numa: Sequen
             decision = allocator.devices_to_allocate(*args)
             if isinstance(decision, AskPreferred):
                 answer = yield PreferredCall(container.name, resource, decision)
-                assert isinstance(answer, (set, frozenset, list, tuple))
                 # Re-decided against the state after the await: the answer is used only where still free.
-                decision = allocator.devices_to_allocate(*args, preferred=frozenset(answer))
-            assert isinstance(decision, Chosen)
+                decision = allocator.devices_to_allocate(*args, preferred=_preferred_answer(answer))
+            if not isinstance(decision, Chosen):
+                raise RuntimeError(f"GetPreferredAllocation asked twice for {resource}")  # an allocator bug
             if not decision.devices:
                 continue
             allocator.reserve(pod.uid, container.name, resource, decision.devices)
             response = yield AllocateCall(container.name, resource, decision.devices)
-            assert isinstance(response, pb.ContainerAllocateResponse)
-            allocator.commit(pod.uid, container.name, resource, decision.devices, response)
+            allocator.commit(pod.uid, container.name, resource, decision.devices, _allocate_answer(response))
         reuse.after_container(
             allocator.held_by_container(pod.uid, container.name), container.init, container.restartable
         )
     return PodOutcome(restored=False, hints=chosen_hints)
+
+
+def _preferred_answer(answer: object) -> frozenset[str]:
+    if not isinstance(answer, set | frozenset | list | tuple):
+        raise TypeError(f"PreferredCall must be answered with device IDs, got {type(answer).__name__}")
+    return frozenset(answer)
+
+
+def _allocate_answer(answer: object) -> pb.ContainerAllocateResponse:
+    if not isinstance(answer, pb.ContainerAllocateResponse):
+        raise TypeError(f"AllocateCall must be answered with a ContainerAllocateResponse, got {type(answer).__name__}")
+    return answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +136,11 @@ def pre_start_calls(allocator: Allocator, pod: Pod) -> list[PreStartCall]:
                 continue
             endpoint = allocator.plugin_endpoint(resource)
             if endpoint is None:
-                raise AllocationError(f"endpoint not found in cache for a registered resource: {resource}", "endpoint")
+                raise AllocationError(
+                    f"endpoint not found in cache for a registered resource: {resource}",
+                    AllocationResult.NO_ENDPOINT,
+                    resource,
+                )
             if endpoint.options is None or not endpoint.options.pre_start_required:
                 continue
             devices = allocator.held(pod.uid, container.name, resource)
@@ -129,7 +148,8 @@ def pre_start_calls(allocator: Allocator, pod: Pod) -> list[PreStartCall]:
                 raise AllocationError(
                     f"no devices found allocated in local cache for pod {pod.uid}, container {container.name}, "
                     f"resource {resource}",
-                    "pre_start",
+                    AllocationResult.INTERNAL,
+                    resource,
                 )
             calls.append(PreStartCall(container.name, resource, tuple(sorted(devices))))
     return calls

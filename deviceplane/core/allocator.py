@@ -16,6 +16,7 @@ import heapq
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core import ordering
@@ -25,12 +26,33 @@ from deviceplane.core.registry import Device, DeviceRegistry, Endpoint
 from deviceplane.core.topology import ResourceDevices, has_topology, mask_of
 
 
-class AllocationError(Exception):
-    """Admission of a container failed; `str()` is upstream's exact message, `kind` a short label for metrics."""
+class AllocationResult(StrEnum):
+    """The `result` label of `deviceplane_allocations_total`: one success per allocated container resource, one
+    failure per failed admission (README, metrics table)."""
 
-    def __init__(self, message: str, kind: str) -> None:
+    SUCCESS = "success"
+    UNREGISTERED = "unregistered"  # no plugin serves the resource
+    UNHEALTHY = "unhealthy"  # no healthy device, or a held device turned unhealthy
+    UNAVAILABLE = "unavailable"  # not enough free healthy devices
+    TOPOLOGY = "topology"  # the topology policy found no acceptable NUMA affinity
+    CHANGED_REQUEST = "changed_request"  # a restored container asks for a different count
+    NO_ENDPOINT = "no_endpoint"  # the resource's plugin is not connected when its RPC is due
+    TIMEOUT = "timeout"  # Allocate passed its deadline
+    RPC_ERROR = "rpc_error"  # Allocate failed
+    EMPTY_RESPONSE = "empty_response"  # Allocate answered without a container response
+    PREFERRED_RPC_ERROR = "preferred_rpc_error"  # GetPreferredAllocation failed
+    PRE_START_ERROR = "pre_start_error"  # PreStartContainer failed
+    INTERNAL = "internal"  # a bug in the agent (resource_name empty)
+
+
+class AllocationError(Exception):
+    """Admission of a container failed; `str()` is upstream's exact message, `kind` the metric's result label and
+    `resource` the resource it is counted under."""
+
+    def __init__(self, message: str, kind: AllocationResult, resource: str) -> None:
         super().__init__(message)
         self.kind = kind
+        self.resource = resource
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,22 +263,28 @@ class Allocator:
                 raise AllocationError(
                     f'pod "{pod_uid}" container "{container}" changed request for resource "{resource}" '
                     f"from {len(held)} to {required}",
-                    "changed_request",
+                    AllocationResult.CHANGED_REQUEST,
+                    resource,
                 )
         # Upstream step 2 (a container still running while sources are not ready) has no equivalent: restored pods
         # are recognised before allocation (see agent.admission), so this is never asked for one.
         if resource not in self._registry:
-            raise AllocationError(f"cannot allocate unregistered device {resource}", "unregistered")
+            raise AllocationError(
+                f"cannot allocate unregistered device {resource}", AllocationResult.UNREGISTERED, resource
+            )
         healthy = self._registry.healthy(resource)
         all_devices = self._registry.devices(resource)
         if not healthy:
             raise AllocationError(
-                f"no healthy devices present; cannot allocate unhealthy devices {resource}", "unhealthy"
+                f"no healthy devices present; cannot allocate unhealthy devices {resource}",
+                AllocationResult.UNHEALTHY,
+                resource,
             )
         if held is not None and not held <= healthy:
             raise AllocationError(
                 f"previously allocated devices are no longer healthy; cannot allocate unhealthy devices {resource}",
-                "unhealthy",
+                AllocationResult.UNHEALTHY,
+                resource,
             )
         if needed == 0:
             return Chosen(())
@@ -271,7 +299,8 @@ class Allocator:
             raise AllocationError(
                 f"requested number of devices unavailable for {resource}. "
                 f"Requested: {taker.needed}, Available: {len(available)}",
-                "unavailable",
+                AllocationResult.UNAVAILABLE,
+                resource,
             )
         aligned, unaligned, without = filter_by_affinity(affinity, all_devices, available)
         endpoint = self._registry.primary_endpoint(resource)
@@ -306,7 +335,8 @@ class Allocator:
             raise AllocationError(
                 "unexpectedly allocated less resources than required. "
                 f"Requested: {required}, Got: {required - taker.needed}",
-                "unavailable",
+                AllocationResult.UNAVAILABLE,
+                resource,
             )
         return Chosen(tuple(taker.chosen))
 
@@ -350,6 +380,7 @@ def check_restored(
 
 __all__ = [
     "AllocationError",
+    "AllocationResult",
     "Allocator",
     "AskPreferred",
     "Chosen",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar, cast
 
+from deviceplane.core.checkpoint_data import CheckpointData, DevicesByResource, DevicesPerNuma, PodDevicesEntry
 from deviceplane.core.spew import spew_text
 
 __all__ = [
@@ -31,37 +32,7 @@ __all__ = [
     "spew_text",
 ]
 
-DevicesPerNuma = Mapping[int, list[str] | None]  # NUMA node id (-1: no topology) -> device IDs
-DevicesByResource = Mapping[str, list[str] | None]  # resource name -> device IDs
-
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-
-
-# -- model: field names are upstream's Go field names, which are also the JSON keys ----------------------------------
-
-
-@dataclass(frozen=True)
-class PodDevicesEntry:
-    """The devices of one resource held by one container (upstream `checkpoint.PodDevicesEntry`)."""
-
-    PodUID: str
-    ContainerName: str
-    ResourceName: str
-    DeviceIDs: DevicesPerNuma | None
-    AllocResp: bytes | None  # the plugin's ContainerAllocateResponse, proto3 binary
-
-    def devices(self) -> set[str]:
-        """Every device ID, all NUMA nodes together (upstream `DevicesPerNUMA.Devices`)."""
-        return {device for ids in (self.DeviceIDs or {}).values() for device in ids or ()}
-
-
-@dataclass(frozen=True)
-class CheckpointData:
-    """Upstream `checkpoint.checkpointData`: what the file stores, and what the checksum covers."""
-
-    PodDeviceEntries: list[PodDevicesEntry] | None = None
-    # Resource -> its healthy device IDs at write time. On read only the keys matter (resources come back stopped).
-    RegisteredDevices: DevicesByResource | None = None
 
 
 def checkpoint_data_for_write(

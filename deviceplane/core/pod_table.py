@@ -5,6 +5,7 @@ objects sources could not turn into pods and which sources have synced. Pure boo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -31,6 +32,26 @@ class PodRecord:
     state: PodState = PodState.ADMITTING
     reason: str = ""
     restored: bool = False
+
+    def admitted(self, restored: bool) -> None:
+        self.state = PodState.ADMITTED
+        self.restored = restored
+
+    def waiting(self, reason: str) -> None:
+        """Still admitting, held up by `reason` ("" once it goes on)."""
+        self.reason = reason
+
+    def failed(self, reason: str) -> None:
+        self.state = PodState.FAILED
+        self.reason = reason
+
+    def terminated(self, reason: str) -> None:
+        self.state = PodState.TERMINATED
+        self.reason = reason
+
+    def phase_changed(self, phase: str) -> None:
+        """A pod's spec is immutable (as the API server enforces): only its phase moves on."""
+        self.pod = dataclasses.replace(self.pod, phase=phase)
 
     @property
     def live(self) -> bool:

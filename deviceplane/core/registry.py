@@ -48,6 +48,8 @@ class Endpoint:
     """A plugin connection for one resource, identified by its socket path.
 
     `socket_path` is None for the placeholder a checkpoint restores: the resource is known, its plugin is not yet.
+    Times are monotonic (a wall-clock step never deletes or keeps a resource early); `registered_wall` is the
+    wall-clock time of registration, only shown.
     """
 
     socket_path: str | None
@@ -55,6 +57,7 @@ class Endpoint:
     registered_at: float
     stop_time: float | None = None
     devices: tuple[Device, ...] = ()
+    registered_wall: float | None = None
 
     @property
     def is_stopped(self) -> bool:
@@ -134,7 +137,6 @@ class SnapshotResult:
 class Capacity:
     capacity: dict[str, int]
     allocatable: dict[str, int]
-    deleted: tuple[str, ...]
 
 
 class DeviceRegistry:
@@ -146,20 +148,24 @@ class DeviceRegistry:
 
     # -- plugin lifecycle -------------------------------------------------------------------------------------------
 
-    def plugin_connected(self, resource: str, socket_path: str, options: PluginOptions, now: float) -> Endpoint:
+    def plugin_connected(
+        self, resource: str, socket_path: str, options: PluginOptions, now: float, wall: float | None = None
+    ) -> Endpoint:
         state = self._resources.get(resource)
         if state is not None and socket_path in state.endpoints:
             raise AlreadyConnectedError(resource, socket_path)
         if state is None:
             state = self._resources[resource] = ResourceState(resource)
-        endpoint = Endpoint(socket_path, options, registered_at=now)
+        endpoint = Endpoint(socket_path, options, registered_at=now, registered_wall=wall)
         state.endpoints[socket_path] = endpoint
         # The newest plugin is primary; until its first snapshot the resource shows what it had (upstream keeps the
         # old sets until the new stream's first message replaces them).
         state.primary = endpoint
         return endpoint
 
-    def plugin_reconnected(self, resource: str, socket_path: str, options: PluginOptions, now: float) -> Endpoint:
+    def plugin_reconnected(
+        self, resource: str, socket_path: str, options: PluginOptions, now: float, wall: float | None = None
+    ) -> Endpoint:
         """A plugin registered again on a socket it already holds: it restarted in place (most plugins use a fixed
         socket name). The new connection takes the old one's place without a disconnect in between, so allocatable
         never drops to 0 for a restart. Upstream either ignores the second registration or locks the plugin out until
@@ -167,9 +173,9 @@ class DeviceRegistry:
         state = self._resources.get(resource)
         old = state.endpoints.get(socket_path) if state is not None else None
         if state is None or old is None:
-            return self.plugin_connected(resource, socket_path, options, now)
+            return self.plugin_connected(resource, socket_path, options, now, wall)
         old.stop_time = now
-        endpoint = Endpoint(socket_path, options, registered_at=now, devices=old.devices)
+        endpoint = Endpoint(socket_path, options, registered_at=now, devices=old.devices, registered_wall=wall)
         state.endpoints[socket_path] = endpoint
         if state.primary is old:
             state.primary = endpoint
@@ -222,21 +228,26 @@ class DeviceRegistry:
 
     # -- views ------------------------------------------------------------------------------------------------------
 
-    def sweep(self, now: float) -> Capacity:
-        """Spec §4.5 GetCapacity: counts, and removal of resources whose plugin is gone for longer than the grace
-        period (from both health sets, as since kubernetes#133724)."""
-        capacity: dict[str, int] = {}
-        allocatable: dict[str, int] = {}
-        deleted: list[str] = []
-        for name, state in self._resources.items():
-            if state.primary is None or (not state.endpoints and state.primary.grace_expired(now, self.grace_period)):
-                deleted.append(name)
-                continue
-            allocatable[name] = len(state.healthy)
-            capacity[name] = len(state.healthy) + len(state.unhealthy)
+    def expire(self, now: float) -> tuple[str, ...]:
+        """Spec §4.5 GetCapacity's removal half: delete the resources whose plugin is gone for longer than the grace
+        period (from both health sets, as since kubernetes#133724); returns their names. `now` is monotonic."""
+        deleted = tuple(
+            name
+            for name, state in self._resources.items()
+            if state.primary is None or (not state.endpoints and state.primary.grace_expired(now, self.grace_period))
+        )
         for name in deleted:
             del self._resources[name]
-        return Capacity(capacity, allocatable, tuple(deleted))
+        return deleted
+
+    def capacity(self) -> Capacity:
+        """Spec §4.5 GetCapacity's counts, read only: resources past their grace period stay until `expire`."""
+        capacity: dict[str, int] = {}
+        allocatable: dict[str, int] = {}
+        for name, state in self._resources.items():
+            allocatable[name] = len(state.healthy)
+            capacity[name] = len(state.healthy) + len(state.unhealthy)
+        return Capacity(capacity, allocatable)
 
     def __contains__(self, resource: object) -> bool:
         return resource in self._resources

@@ -30,5 +30,5 @@ def checked_snapshot(devices: Sequence[Device]) -> tuple[list[Device], list[tupl
             problems.append(
                 (device, f"NUMA node id {max(device.numa_nodes)} is out of range (ids must be below {MAX_NUMA_NODES})")
             )
-            out[index] = device._replace(health=UNHEALTHY)
+            out[index] = Device(device.id, UNHEALTHY, device.numa_nodes)
     return out, problems

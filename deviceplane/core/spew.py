@@ -11,10 +11,8 @@ Upstream hashes `spew.ConfigState{SortKeys: true, DisableMethods: true, ...}.Spr
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the model imports this module to compute its checksum
-    from deviceplane.core.checkpoint import CheckpointData, PodDevicesEntry
+from deviceplane.core.checkpoint_data import CheckpointData, PodDevicesEntry
 
 _NIL = "<nil>"
 

@@ -26,7 +26,9 @@ def _plugin_view(state: ResourceStatus) -> PluginView:
         connected=state.connected,
         preStartRequired=bool(options and options.pre_start_required),
         getPreferredAllocationAvailable=bool(options and options.get_preferred_allocation_available),
-        registeredAt=rfc3339(endpoint.registered_at) if endpoint is not None and endpoint.socket_path else None,
+        registeredAt=rfc3339(endpoint.registered_wall)
+        if endpoint is not None and endpoint.socket_path and endpoint.registered_wall is not None
+        else None,
     )
 
 

@@ -8,10 +8,10 @@ import logging
 import sys
 from pathlib import Path
 
-from deviceplane.plugin import files, sim
+from deviceplane.plugin import files, sim_app
 from deviceplane.plugin.plugin import DEFAULT_PLUGIN_DIR, PluginError
 
-PLUGINS = {module.NAME: module for module in (files, sim)}
+PLUGINS = {module.NAME: module for module in (files, sim_app)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

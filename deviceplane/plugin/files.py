@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import threading
 from pathlib import Path
 
+from deviceplane.aio import cancel_and_wait
 from deviceplane.plugin.models import Allocation, Device, Mount
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.watch import dir_changes
@@ -107,9 +107,7 @@ class FilesPlugin:
             await self.plugin.serve()
         finally:
             stop.set()
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait([watcher])
 
     async def _watch(self, stop: threading.Event) -> None:
         async for _ in dir_changes(self.directory, stop):

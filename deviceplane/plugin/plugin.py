@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from watchfiles import Change
 
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET_NAME
 from deviceplane.plugin.devices import DeviceSet
 from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook
@@ -178,9 +179,7 @@ class DevicePlugin:
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
         self._watch_stop.set()  # before cancelling: lets the watcher's thread return promptly
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(tasks)
         self._devices.close()  # also detaches it from the loop
         await self._stop_server()
         self._loop = None

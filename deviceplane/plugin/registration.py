@@ -7,7 +7,7 @@ from pathlib import Path
 import grpc
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import registration_stub
 from deviceplane.core.constants import VERSION
 
 # The kubelet dials the plugin back (up to 10 s) before it answers Register.
@@ -23,6 +23,6 @@ async def register(
 ) -> None:
     """Register `resource` served on `endpoint` (a file name next to kubelet.sock). Raises grpc.aio.AioRpcError."""
     async with grpc.aio.insecure_channel(f"unix:{kubelet_socket}") as channel:
-        stub = pb_grpc.RegistrationStub(channel)
+        stub = registration_stub(channel)
         request = pb.RegisterRequest(version=VERSION, endpoint=endpoint, resource_name=resource, options=options)
         await stub.Register(request, timeout=timeout)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 
@@ -17,14 +16,13 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_pb_grpc
+from deviceplane.api.typed_grpc import Context, add_device_plugin, add_plugin_watcher_registration
 from deviceplane.core.constants import PLUGIN_TYPE_DEVICE_PLUGIN, SUPPORTED_VERSIONS
 from deviceplane.plugin.devices import DeviceSet
 from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook, abort, call_hook
 from deviceplane.plugin.models import Allocation
 
 log = logging.getLogger("deviceplane.plugin")
-
-Context = grpc.aio.ServicerContext[Any, Any]
 
 
 @dataclass(frozen=True)
@@ -137,6 +135,6 @@ def build_server(
     devices: DeviceSet, hooks: Hooks, resource: str, on_status: Callable[[bool, str], None]
 ) -> grpc.aio.Server:
     server = grpc.aio.server()
-    pb_grpc.add_DevicePluginServicer_to_server(DevicePluginService(devices, hooks), server)
-    reg_pb_grpc.add_RegistrationServicer_to_server(RegistrationService(resource, on_status), server)
+    add_device_plugin(DevicePluginService(devices, hooks), server)
+    add_plugin_watcher_registration(RegistrationService(resource, on_status), server)
     return server

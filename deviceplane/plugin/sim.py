@@ -2,22 +2,22 @@
 
 Devices `sim-0 .. sim-N-1` sit on K NUMA nodes in contiguous blocks (like GPUs behind two sockets: with 8 devices and
 2 nodes, sim-0..3 on node 0 and sim-4..7 on node 1). Health is steered at run time through the control endpoint
-(`sim_control`) or flipped at random with `--flap-rate`. Every hook call is recorded, and faults (fail / hang) can be
-injected per RPC, so tests can see exactly what the kubelet or agent asked.
+(`sim_control`, which `sim_app` starts beside it) or flipped at random with `--flap-rate`. Every hook call is
+recorded, and faults (fail / hang) can be injected per RPC, so tests can see exactly what the kubelet or agent asked.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from deviceplane.aio import cancel_and_wait
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.preferred import pack_on_numa
@@ -80,13 +80,16 @@ def numa_layout(count: int, numa: int) -> dict[str, tuple[int, ...]]:
     return {f"sim-{i}": ((i * numa // count,) if numa else ()) for i in range(count)}
 
 
+FaultMode = Literal["fail", "hang"]
+
+
 class SimFault(Exception):
     """An injected failure."""
 
 
 @dataclass
 class Fault:
-    mode: str  # "fail" | "hang"
+    mode: FaultMode
     message: str = "injected failure"
     seconds: float | None = None  # hang: how long (None = until the call is cancelled)
     remaining: int | None = None  # how many more calls it affects (None = until cleared)
@@ -100,7 +103,8 @@ class Fault:
             raise ValueError("seconds must be a number >= 0")
         if times is not None and (not isinstance(times, int) or times < 1):
             raise ValueError("times must be an integer >= 1")
-        return cls(data["mode"], str(data.get("message", "injected failure")), seconds, times)
+        mode: FaultMode = "fail" if data["mode"] == "fail" else "hang"
+        return cls(mode, str(data.get("message", "injected failure")), seconds, times)
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "message": self.message, "seconds": self.seconds, "times": self.remaining}
@@ -205,32 +209,10 @@ class SimPlugin:
             self.set_health({device_id: not self.health[device_id]})
             self.flips += 1
 
-    async def serve(self, control: tuple[str, int] | None = None) -> None:
-        from deviceplane.plugin.sim_control import start_control  # aiohttp only when asked for
-
-        runner = await start_control(self, *control) if control else None
+    async def serve(self) -> None:
+        """Serve the plugin (and flap health, if asked) until cancelled."""
         flapper = asyncio.create_task(self._flap())
         try:
             await self.plugin.serve()
         finally:
-            flapper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flapper
-            if runner is not None:
-                await runner.cleanup()
-
-
-async def main(args: argparse.Namespace) -> int:
-    sim = SimPlugin(
-        args.resource,
-        args.count,
-        args.numa,
-        preferred=not args.no_preferred_allocation,
-        pre_start=not args.no_pre_start,
-        flap_rate=args.flap_rate,
-        seed=args.seed,
-        plugin_dir=args.plugin_dir,
-        registry_dir=args.registry_dir,
-    )
-    await sim.serve(args.control)
-    return 0
+            await cancel_and_wait([flapper])

@@ -72,7 +72,7 @@ def test_fuzz_list_and_watch_snapshots(snapshots: list[list[pb.Device]], policy:
     for device_id, sent in last.items():
         representable = all(n.ID < MAX_NUMA_NODES for n in sent.topology.nodes)
         assert (device_id in state.healthy) == (sent.health == "Healthy" and representable)
-    capacity = registry.sweep(0.0)
+    capacity = registry.capacity()
     assert capacity.capacity[R] == len(last) and capacity.allocatable[R] == len(state.healthy)
 
     view = devices_status(registry, capacity, AgentView(version="0", node="n", lastHeartbeatTime="x"), device_limit=3)

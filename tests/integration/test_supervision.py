@@ -20,7 +20,7 @@ from tests.support.procs import AgentProcess, TestPlugin, wait_for
 
 R = "example.com/sup"
 EXPECTED_TASKS = {
-    "capacity-sweep", "registration-socket", "checkpoint-pacer", "pod-source:file", "plugin-watcher",
+    "grace-period-expiry", "registration-socket", "checkpoint-pacer", "pod-source:file", "plugin-watcher",
 }  # fmt: skip
 
 
@@ -104,14 +104,14 @@ def test_every_supervised_task_failure_is_seen_and_repaired(
 def test_backoff_doubles_and_unknown_tasks_are_refused(debug_agent: AgentProcess) -> None:
     agent = debug_agent
     assert inject(agent, "no-such-task") == 404
-    assert inject(agent, "capacity-sweep") == 200
+    assert inject(agent, "grace-period-expiry") == 200
     wait_for(lambda: readyz(agent) == (200, "ok"), timeout=3, what="first restart")
-    assert inject(agent, "capacity-sweep") == 200
+    assert inject(agent, "grace-period-expiry") == 200
     wait_for(lambda: "restarting in 2s" in readyz(agent)[1], timeout=1, what="doubled backoff shown")
     wait_for(lambda: readyz(agent) == (200, "ok"), timeout=4, what="second restart")
-    assert task_restarts(agent)["capacity-sweep"] == 2.0
+    assert task_restarts(agent)["grace-period-expiry"] == 2.0
 
 
 def test_fault_hook_is_off_by_default(agent: AgentProcess) -> None:
-    assert inject(agent, "capacity-sweep") == 404  # no such route
+    assert inject(agent, "grace-period-expiry") == 404  # no such route
     assert readyz(agent) == (200, "ok")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deviceplane.core.registry import AlreadyConnectedError, Device, DeviceRegistry, PluginOptions
+from deviceplane.core.registry import AlreadyConnectedError, Capacity, Device, DeviceRegistry, PluginOptions
 
 GRACE = 300.0
 OPTS = PluginOptions()
@@ -15,9 +15,26 @@ def devs(*spec: str) -> list[Device]:
     return [Device(s.split(":")[0], "Healthy" if s.split(":")[1] == "H" else "Unhealthy") for s in spec]
 
 
+def sweep(reg: DeviceRegistry, now: float) -> tuple[tuple[str, ...], Capacity]:
+    """Upstream GetCapacity: expiry, then the counts."""
+    deleted = reg.expire(now)
+    return deleted, reg.capacity()
+
+
 def counts(reg: DeviceRegistry, resource: str, now: float = 0.0) -> tuple[int, int]:
-    cap = reg.sweep(now)
+    _deleted, cap = sweep(reg, now)
     return cap.capacity.get(resource, -1), cap.allocatable.get(resource, -1)
+
+
+def test_capacity_is_a_read() -> None:
+    """Counting never deletes: a resource past its grace period stays until expire() runs."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H", "b:U"))
+    reg.plugin_disconnected("r/x", "/s", now=1)
+    assert reg.capacity().capacity == {"r/x": 2} == reg.capacity().capacity
+    assert "r/x" in reg
+    assert reg.expire(1 + GRACE + 1) == ("r/x",) and reg.capacity().capacity == {}
 
 
 def test_update_capacity_allocatable() -> None:
@@ -34,12 +51,12 @@ def test_update_capacity_allocatable() -> None:
     assert counts(reg, "res1") == (2, 0)
     reg.plugin_connected("res2", "/s2", OPTS, now=0)
     reg.apply_snapshot("res2", "/s2", devs("D1:H", "D2:U", "D3:H"))
-    assert set(reg.sweep(0).capacity) == {"res1", "res2"}
+    assert set(sweep(reg, 0)[1].capacity) == {"res1", "res2"}
     # e1 disconnected and expired: res1 is deleted from every structure.
     reg.plugin_disconnected("res1", "/s1", now=0)
-    result = reg.sweep(GRACE + 10)
-    assert result.deleted == ("res1",)
-    assert "res1" not in result.capacity and "res1" not in reg
+    deleted, cap = sweep(reg, GRACE + 10)
+    assert deleted == ("res1",)
+    assert "res1" not in cap.capacity and "res1" not in reg
     # e2 disconnects: stop time set, all its devices unhealthy.
     reg.plugin_disconnected("res2", "/s2", now=1)
     endpoint = reg.primary_endpoint("res2")
@@ -78,9 +95,9 @@ def test_endpoint_sync_on_disconnect() -> None:
     assert state is not None
     assert state.healthy == set() and state.unhealthy == {"a", "b", "c"}
     assert len(state.all_devices) == 3  # reported devices are untouched (markResourceUnhealthy)
-    assert reg.sweep(10 + GRACE).capacity.get("r/x") == 3  # not yet: strictly greater than the grace period
-    result = reg.sweep(10 + GRACE + 0.001)
-    assert result.deleted == ("r/x",) and reg.statuses() == []
+    assert sweep(reg, 10 + GRACE)[1].capacity.get("r/x") == 3  # not yet: strictly greater than the grace period
+    deleted, _cap = sweep(reg, 10 + GRACE + 0.001)
+    assert deleted == ("r/x",) and reg.statuses() == []
 
 
 def test_same_resource_same_socket_rejected() -> None:
@@ -181,9 +198,9 @@ def test_restore_reports_zero_until_plugin_returns() -> None:
     assert counts(reg, "r/x", 100) == (0, 0) and counts(reg, "r/y", 100) == (0, 0)
     reg.plugin_connected("r/x", "/s", OPTS, 101)
     reg.apply_snapshot("r/x", "/s", devs("a:H"))
-    result = reg.sweep(100 + GRACE + 1)
-    assert result.deleted == ("r/y",)
-    assert result.capacity == {"r/x": 1}
+    deleted, cap = sweep(reg, 100 + GRACE + 1)
+    assert deleted == ("r/y",)
+    assert cap.capacity == {"r/x": 1}
 
 
 def test_health_transitions_and_new_devices() -> None:

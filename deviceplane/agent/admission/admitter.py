@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 from deviceplane.agent.admission.plugin_calls import PluginCalls
 from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, admit_pod, pre_start_calls
-from deviceplane.core.allocator import AllocationError, Allocator, check_restored
+from deviceplane.core.allocator import AllocationError, AllocationResult, Allocator, check_restored
 from deviceplane.core.pod_devices import PodDevices
-from deviceplane.core.pod_table import PodRecord, PodState, PodTable
+from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.pods import Pod
 from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import POLICY_NONE
@@ -70,6 +71,7 @@ class AdmissionParts:
     store: AllocationStore
     plugins: PluginCalls
     device_changes: DeviceChanges
+    metrics: AgentMetrics
 
 
 class Admitter:
@@ -83,6 +85,7 @@ class Admitter:
         self._store = parts.store
         self._plugins = parts.plugins
         self._device_changes = parts.device_changes
+        self._metrics = parts.metrics
         self._settings = settings
         self._clock = clock
         self._started_at = clock()
@@ -110,14 +113,13 @@ class Admitter:
             self.release(pod.uid, "admission cancelled")
             raise
         except AllocationError as err:
-            self._fail(record, str(err), err.kind)
+            self._fail(record, str(err), err.kind, err.resource)
         except Exception as err:  # a bug must fail this pod, not the agent
             log.exception("admission failed unexpectedly", extra={"pod": pod.key})
-            self._fail(record, f"internal error: {err}", "internal")
+            self._fail(record, f"internal error: {err}", AllocationResult.INTERNAL, "")
         else:
             if self._table.get(pod.uid) is record:
-                record.state = PodState.ADMITTED
-                record.restored = outcome.restored
+                record.admitted(outcome.restored)
                 log.info(
                     "pod admitted",
                     extra={"pod": pod.key, "uid": pod.uid, "restored": outcome.restored,
@@ -132,11 +134,14 @@ class Admitter:
             self._store.released(uid)
             log.info("devices released", extra={"uid": uid, "reason": why, "entries": len(released)})
 
-    def _fail(self, record: PodRecord, reason: str, kind: str) -> None:
+    def _fail(self, record: PodRecord, reason: str, kind: AllocationResult, resource: str) -> None:
+        self._metrics.count_allocation(resource, kind)
         self.release(record.pod.uid, "admission failed")
-        record.state = PodState.FAILED
-        record.reason = reason
-        log.warning("pod admission failed", extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason})
+        record.failed(reason)
+        log.warning(
+            "pod admission failed",
+            extra={"pod": record.pod.key, "uid": record.pod.uid, "reason": reason, "result": str(kind)},
+        )
 
     async def _wait_for_plugins(self, record: PodRecord) -> None:
         """Right after start, give plugins a moment to come back before deciding their resources are missing. A pod
@@ -153,11 +158,11 @@ class Admitter:
                 missing = [r for r in wanted if not self._registry.plugin_ready(r)]
                 if not missing:
                     return
-                record.reason = f"waiting up to {startup_wait:g}s after start for device plugins: {', '.join(missing)}"
+                record.waiting(f"waiting up to {startup_wait:g}s after start for device plugins: {', '.join(missing)}")
                 remaining = startup_wait - (self._clock() - self._started_at)
                 await self._device_changes.wait(max(remaining, 0.001))
         finally:
-            record.reason = ""
+            record.waiting("")
 
     async def _allocate(self, pod: Pod) -> PodOutcome:
         steps = admit_pod(self._allocator, pod, self._settings.policy, self._settings.numa_nodes)

@@ -14,7 +14,7 @@ from deviceplane.agent.plugins.contracts import PluginLookup, PluginRpc
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, PreferredCall, PreStartCall
-from deviceplane.core.allocator import AllocationError
+from deviceplane.core.allocator import AllocationError, AllocationResult
 from deviceplane.core.constants import PRE_START_TIMEOUT_SECONDS
 
 ALLOCATE_TIMEOUT_SECONDS = 10.0
@@ -28,6 +28,8 @@ def go_rpc_error(err: grpc.aio.AioRpcError) -> str:
 
 
 class PluginCalls:
+    """Counts each successful Allocate; failures are raised, and counted once per admission by the admitter."""
+
     def __init__(
         self, plugins: PluginLookup, metrics: AgentMetrics, allocate_timeout: float = ALLOCATE_TIMEOUT_SECONDS
     ) -> None:
@@ -39,21 +41,24 @@ class PluginCalls:
         client = self._client(call.resource, "unknown Device Plugin {}")
         started = time.perf_counter()
         try:
-            with self._failures(call.resource, "{}", timeout_kind="timeout", kind="rpc_error"):
+            with _failures(call.resource, "{}", AllocationResult.RPC_ERROR, timeout=AllocationResult.TIMEOUT):
                 response = await client.allocate(call.devices, self._allocate_timeout)
         finally:
             self._metrics.alloc_duration.labels(call.resource).observe(time.perf_counter() - started)
         if not response.container_responses:
-            self._count(call.resource, "empty_response")
-            raise AllocationError(f"no containers return in allocation response {response}", "empty_response")
-        self._count(call.resource, "success")
+            raise AllocationError(
+                f"no containers return in allocation response {response}",
+                AllocationResult.EMPTY_RESPONSE,
+                call.resource,
+            )
+        self._metrics.count_allocation(call.resource, AllocationResult.SUCCESS)
         return response.container_responses[0]
 
     async def preferred(self, call: PreferredCall) -> set[str]:
         client = self._client(call.resource, NO_ENDPOINT)
         request = call.request
         message = "device plugin GetPreferredAllocation rpc failed with err: {}"
-        with self._failures(call.resource, message, kind="preferred_rpc_error"):
+        with _failures(call.resource, message, AllocationResult.PREFERRED_RPC_ERROR):
             response = await client.get_preferred_allocation(
                 request.available, request.must_include, request.size, self._allocate_timeout
             )
@@ -64,26 +69,24 @@ class PluginCalls:
     async def pre_start(self, call: PreStartCall) -> None:
         client = self._client(call.resource, NO_ENDPOINT)
         message = "device plugin PreStartContainer rpc failed with err: {}"
-        with self._failures(call.resource, message, kind="pre_start_error"):
+        with _failures(call.resource, message, AllocationResult.PRE_START_ERROR):
             await client.pre_start_container(call.devices, PRE_START_TIMEOUT_SECONDS)
-
-    @contextlib.contextmanager
-    def _failures(self, resource: str, message: str, kind: str, timeout_kind: str | None = None) -> Iterator[None]:
-        """A failed RPC: counted, and raised as AllocationError(`message` with Go's rendering of the error)."""
-        try:
-            yield
-        except grpc.aio.AioRpcError as err:
-            if timeout_kind is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                kind = timeout_kind
-            self._count(resource, kind)
-            raise AllocationError(message.format(go_rpc_error(err)), kind) from err
 
     def _client(self, resource: str, missing: str) -> PluginRpc:
         client = self._plugins.client(resource)
         if client is None:
-            self._count(resource, "no_endpoint")
-            raise AllocationError(missing.format(resource), "no_endpoint")
+            raise AllocationError(missing.format(resource), AllocationResult.NO_ENDPOINT, resource)
         return client
 
-    def _count(self, resource: str, result: str) -> None:
-        self._metrics.allocations_total.labels(resource, result).inc()
+
+@contextlib.contextmanager
+def _failures(
+    resource: str, message: str, kind: AllocationResult, timeout: AllocationResult | None = None
+) -> Iterator[None]:
+    """A failed RPC raised as AllocationError(`message` with Go's rendering of the error)."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as err:
+        if timeout is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            kind = timeout
+        raise AllocationError(message.format(go_rpc_error(err)), kind, resource) from err

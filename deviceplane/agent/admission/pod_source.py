@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import yaml
 from watchfiles import awatch
 
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.pods import Pod, PodError, parse_pod
 
 log = logging.getLogger("deviceplane.podsource")
@@ -121,8 +122,7 @@ class StaticPodDirectory:
                 await asyncio.sleep(self.rescan_interval)
                 await self._rescan(sink)
         finally:
-            watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await cancel_and_wait([watcher])
 
     async def _watch(self, sink: PodSink) -> None:
         async for _changes in awatch(self.directory, debounce=50, step=10, recursive=False, watch_filter=None):

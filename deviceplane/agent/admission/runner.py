@@ -8,17 +8,16 @@ every pod source has reported itself synced; pods restored from the checkpoint t
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import sys
 
 from deviceplane.agent.admission.admitter import Admitter
 from deviceplane.agent.state.durability import AllocationStore
-from deviceplane.agent.tasks import cancel_and_wait
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import PodDevices
-from deviceplane.core.pod_table import PodRecord, PodState, PodTable
+from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.pods import Pod
 
 log = logging.getLogger("deviceplane.admission")
@@ -79,15 +78,13 @@ class AdmissionRunner:
         record = self._table.get(pod.uid)
         if record is not None:
             self._table.bind(source, key, pod.uid)
-            # Same pod, updated: a pod's spec is immutable (as the API server enforces), only its phase moves on.
-            record.pod = dataclasses.replace(record.pod, phase=pod.phase)
+            record.phase_changed(pod.phase)
             if pod.terminal:
                 self._terminate(record, f"pod phase {pod.phase}")
             return
         record = self._table.add(pod, source, key)
         if pod.terminal:
-            record.state = PodState.TERMINATED
-            record.reason = f"pod phase {pod.phase}"
+            record.terminated(f"pod phase {pod.phase}")
             self._release_when_synced(pod.uid)
             return
         task = asyncio.create_task(self._admitter.admit(record), name=f"admit {pod.key}")
@@ -137,8 +134,7 @@ class AdmissionRunner:
 
     def _terminate(self, record: PodRecord, reason: str) -> None:
         self._cancel(record.pod.uid)
-        record.state = PodState.TERMINATED
-        record.reason = reason
+        record.terminated(reason)
         self._release_when_synced(record.pod.uid)
 
     def _release_when_synced(self, uid: str) -> None:

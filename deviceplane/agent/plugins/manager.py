@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -18,9 +19,11 @@ from deviceplane.agent.plugins.contracts import (
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
-from deviceplane.core.registry import AlreadyConnectedError, Capacity, Device, DeviceRegistry, SnapshotResult
+from deviceplane.core.registry import AlreadyConnectedError, Device, DeviceRegistry, SnapshotResult
 
 log = logging.getLogger("deviceplane.agent.plugins.manager")
+
+EXPIRE_INTERVAL_SECONDS = 1.0
 
 ClientKey = tuple[str, str]  # (resource, socket path)
 
@@ -36,14 +39,16 @@ class DeviceManager:
         connector: PluginConnector,
         listeners: Sequence[DeviceListener] = (),
         dial_timeout: float = DIAL_TIMEOUT_SECONDS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
         self._checkpoint = checkpoint
         self._connector = connector
         self._listeners = tuple(listeners)
         self._dial_timeout = dial_timeout
-        self._clock = clock
+        self._clock = clock  # grace periods and ordering
+        self._wall_clock = wall_clock  # registration times as shown
         self._clients: dict[ClientKey, PluginConnection] = {}
         self._connecting: set[ClientKey] = set()
 
@@ -80,10 +85,10 @@ class DeviceManager:
             old = self._clients.pop(key, None)
             if old is not None:
                 await old.close()
-                self._registry.plugin_reconnected(resource, socket_path, options, self._clock())
+                self._registry.plugin_reconnected(resource, socket_path, options, self._clock(), self._wall_clock())
             else:
                 try:
-                    self._registry.plugin_connected(resource, socket_path, options, self._clock())
+                    self._registry.plugin_connected(resource, socket_path, options, self._clock(), self._wall_clock())
                 except AlreadyConnectedError as err:  # defensive: registry and clients disagree
                     raise RegistrationError(str(err)) from err
             self._clients[key] = client
@@ -143,17 +148,23 @@ class DeviceManager:
             self._checkpoint.request()
             self._notify(DeviceEvent(resource, DeviceEventKind.DISCONNECTED))
 
-    # -- views ------------------------------------------------------------------------------------------------------
+    # -- grace period -----------------------------------------------------------------------------------------------
 
-    def sweep(self) -> Capacity:
-        """Capacity now; resources past their grace period are deleted (and the checkpoint rewritten)."""
-        result = self._registry.sweep(self._clock())
-        if result.deleted:
+    def expire(self) -> tuple[str, ...]:
+        """Delete the resources whose plugin is gone for longer than the grace period (and rewrite the checkpoint).
+        Called on a timer (`expire_loop`), never by a read."""
+        deleted = self._registry.expire(self._clock())
+        if deleted:
             self._checkpoint.request()
-            for resource in result.deleted:
+            for resource in deleted:
                 log.info("resource deleted after grace period", extra={"resource": resource})
                 self._notify(DeviceEvent(resource, DeviceEventKind.DELETED))
-        return result
+        return deleted
+
+    async def expire_loop(self, interval: float = EXPIRE_INTERVAL_SECONDS) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.expire()
 
     def _notify(self, event: DeviceEvent) -> None:
         for listener in self._listeners:

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 import grpc
 
 from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
+from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import device_plugin_stub
 from deviceplane.core.registry import Device, PluginOptions
 from deviceplane.core.snapshot import checked_snapshot
 
@@ -34,7 +35,7 @@ class PluginClient:
         self._channel = grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]
         )
-        self._stub = pb_grpc.DevicePluginStub(self._channel)
+        self._stub = device_plugin_stub(self._channel)
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
         self._logged: set[tuple[Device, str]] = set()  # snapshot problems already logged
@@ -120,6 +121,5 @@ class PluginClient:
         self._closed = True
         task, self._stream_task = self._stream_task, None
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
         await self._channel.close(None)

@@ -14,8 +14,9 @@ import grpc
 import watchfiles
 
 from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
+from deviceplane.aio import cancel_and_wait
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
-from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from deviceplane.api.typed_grpc import plugin_watcher_stub
 from deviceplane.core.constants import (
     DIAL_TIMEOUT_SECONDS,
     GET_INFO_TIMEOUT_SECONDS,
@@ -70,9 +71,7 @@ class PluginWatcher:
                 self.rescan()
         finally:
             stop.set()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await cancel_and_wait(self._tasks)
 
     def rescan(self) -> None:
         present: dict[str, int] = {}
@@ -114,7 +113,7 @@ class PluginWatcher:
         async with grpc.aio.insecure_channel(
             f"unix://{socket_path}", options=[("grpc.default_authority", "localhost")]
         ) as channel:
-            stub = reg_grpc.RegistrationStub(channel)
+            stub = plugin_watcher_stub(channel)
             try:
                 await asyncio.wait_for(channel.channel_ready(), self._dial_timeout)
                 info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)

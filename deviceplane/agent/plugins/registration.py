@@ -14,6 +14,7 @@ import grpc
 from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import Context
 from deviceplane.core.constants import CHECKPOINT_NAME, SUPPORTED_VERSIONS
 from deviceplane.core.names import (
     invalid_resource_name_error,
@@ -66,7 +67,7 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
         self._plugin_dir = plugin_dir
         self._on_attempt = on_attempt
 
-    async def Register(self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext) -> pb.Empty:
+    async def Register(self, request: pb.RegisterRequest, context: Context) -> pb.Empty:
         # Counted before validation, as upstream: rejected attempts show up too.
         self._on_attempt(request.resource_name)
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 
 from deviceplane.agent.plugins.registration import RegistrationServicer
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.typed_grpc import add_registration
 from deviceplane.core.constants import KUBELET_SOCKET_NAME
 
 log = logging.getLogger("deviceplane.agent.plugins.registration")
@@ -36,7 +36,7 @@ class RegistrationServer:
             await self._server.stop(grace=None)
             self._server = None
         server = grpc.aio.server()
-        pb_grpc.add_RegistrationServicer_to_server(self._servicer, server)
+        add_registration(self._servicer, server)
         server.add_insecure_port(f"unix://{self.socket}")
         await server.start()
         self._server = server

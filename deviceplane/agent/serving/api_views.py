@@ -14,22 +14,22 @@ from deviceplane.api.models import AgentView
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import holders, pods_view
-from deviceplane.core.registry import Capacity, DeviceRegistry
+from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.view import devices_status, rfc3339
 
 
 class ApiViews:
+    """Reads only: a GET changes nothing (grace-period expiry runs on its own timer, DeviceManager.expire_loop)."""
+
     def __init__(
         self,
         registry: DeviceRegistry,
-        capacity: Callable[[], Capacity],
         table: PodTable,
         pod_devices: PodDevices,
         node_name: str,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._registry = registry
-        self._capacity = capacity
         self._table = table
         self._pod_devices = pod_devices
         self._node_name = node_name
@@ -47,7 +47,7 @@ class ApiViews:
         agent = AgentView(version=__version__, node=self._node_name, lastHeartbeatTime=rfc3339(self._wall_clock()))
         status = devices_status(
             self._registry,
-            self._capacity(),
+            self._registry.capacity(),
             agent,
             holders=holders(self._pod_devices, self._table),
             device_limit=limit,

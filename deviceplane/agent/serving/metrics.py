@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.registry import DeviceRegistry
 
@@ -58,38 +59,42 @@ class AgentMetrics:
     `allocated(resource)` counts the devices held, read at scrape time."""
 
     def __init__(self, registry: DeviceRegistry, node: str, allocated: Callable[[str], int]) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+        self.prometheus = CollectorRegistry(auto_describe=True)
         self.node = node
         self.registration_total = Counter(
             "deviceplane_device_plugin_registration",
             "Cumulative number of device plugin registrations. Broken down by resource name.",
             ["resource_name"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
         self.alloc_duration = Histogram(
             "deviceplane_device_plugin_alloc_duration_seconds",
             "Duration in seconds to serve a device plugin Allocation request. Broken down by resource name.",
             ["resource_name"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
         self.allocations_total = Counter(
             "deviceplane_allocations",
-            "Container allocations by resource and result (success, or the failure kind).",
+            "Container allocations by resource and result: success per allocated container resource, or the failure "
+            "kind once per failed admission.",
             ["resource_name", "result"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
         self.health_transitions = Counter(
             "deviceplane_device_health_transitions",
             "Health changes reported by device plugins, per device.",
             ["node", "resource_name", "device_id"],
-            registry=self.registry,
+            registry=self.prometheus,
         )
-        self.registry.register(DeviceStateCollector(registry, node, allocated))
+        self.prometheus.register(DeviceStateCollector(registry, node, allocated))
 
     def count_registration(self, resource: str) -> None:
         """Counted before validation, as upstream: rejected attempts show up too."""
         label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
         self.registration_total.labels(label).inc()
+
+    def count_allocation(self, resource: str, result: AllocationResult) -> None:
+        self.allocations_total.labels(resource, result.value).inc()
 
     def on_device_event(self, event: DeviceEvent) -> None:
         for device_id in event.transitions:

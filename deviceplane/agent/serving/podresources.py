@@ -19,6 +19,7 @@ import grpc
 
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from deviceplane.api.typed_grpc import Context, add_pod_resources
 from deviceplane.core.pod_devices import DeviceInstance, PodDevices
 from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.registry import DeviceRegistry
@@ -48,14 +49,10 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
             containers.append(pr.ContainerResources(name=container.name, devices=container_devices(rows)))
         return pr.PodResources(name=pod.name, namespace=pod.namespace, containers=containers)
 
-    async def List(
-        self, request: pr.ListPodResourcesRequest, context: grpc.aio.ServicerContext
-    ) -> pr.ListPodResourcesResponse:
+    async def List(self, request: pr.ListPodResourcesRequest, context: Context) -> pr.ListPodResourcesResponse:
         return pr.ListPodResourcesResponse(pod_resources=[self._pod_resources(r) for r in self._table.active()])
 
-    async def Get(
-        self, request: pr.GetPodResourcesRequest, context: grpc.aio.ServicerContext
-    ) -> pr.GetPodResourcesResponse:
+    async def Get(self, request: pr.GetPodResourcesRequest, context: Context) -> pr.GetPodResourcesResponse:
         record = self._table.find(request.pod_namespace, request.pod_name)
         if record is not None and record.active:
             return pr.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
@@ -65,7 +62,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         raise AssertionError("unreachable")  # abort raises
 
     async def GetAllocatableResources(
-        self, request: pr.AllocatableResourcesRequest, context: grpc.aio.ServicerContext
+        self, request: pr.AllocatableResourcesRequest, context: Context
     ) -> pr.AllocatableResourcesResponse:
         rows = [
             DeviceInstance(resource, device.id, numa)
@@ -81,7 +78,7 @@ async def serve_pod_resources(servicer: PodResourcesServicer, socket_path: Path)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # a stale socket from a previous run
     server = grpc.aio.server()
-    pr_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+    add_pod_resources(servicer, server)
     server.add_insecure_port(f"unix://{socket_path}")
     await server.start()
     log.info("pod resources API serving", extra={"socket": str(socket_path)})

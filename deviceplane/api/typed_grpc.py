@@ -1,0 +1,83 @@
+"""Typed access to protoc's generated `*_pb2_grpc.py` (which carry no annotations): the stubs the agent and the SDK
+call, as Protocols, and the functions that add servicers to a server. The messages are typed by the generated .pyi."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, Protocol, cast
+
+import grpc
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
+from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
+
+
+class DevicePluginStub(Protocol):
+    def GetDevicePluginOptions(
+        self, request: pb.Empty, *, timeout: float | None = None
+    ) -> Awaitable[pb.DevicePluginOptions]: ...
+
+    def ListAndWatch(self, request: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]: ...
+
+    def Allocate(
+        self, request: pb.AllocateRequest, *, timeout: float | None = None
+    ) -> Awaitable[pb.AllocateResponse]: ...
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, *, timeout: float | None = None
+    ) -> Awaitable[pb.PreferredAllocationResponse]: ...
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, *, timeout: float | None = None
+    ) -> Awaitable[pb.PreStartContainerResponse]: ...
+
+
+class RegistrationStub(Protocol):
+    """v1beta1.Registration: a device plugin registering with the kubelet (or the agent)."""
+
+    def Register(self, request: pb.RegisterRequest, *, timeout: float | None = None) -> Awaitable[pb.Empty]: ...
+
+
+class PluginWatcherStub(Protocol):
+    """pluginregistration.v1.Registration: the kubelet's plugin watcher probing a plugin."""
+
+    def GetInfo(self, request: reg_pb.InfoRequest, *, timeout: float | None = None) -> Awaitable[reg_pb.PluginInfo]: ...
+
+    def NotifyRegistrationStatus(
+        self, request: reg_pb.RegistrationStatus, *, timeout: float | None = None
+    ) -> Awaitable[reg_pb.RegistrationStatusResponse]: ...
+
+
+def device_plugin_stub(channel: grpc.aio.Channel) -> DevicePluginStub:
+    return cast(DevicePluginStub, pb_grpc.DevicePluginStub(channel))
+
+
+def registration_stub(channel: grpc.aio.Channel) -> RegistrationStub:
+    return cast(RegistrationStub, pb_grpc.RegistrationStub(channel))
+
+
+def plugin_watcher_stub(channel: grpc.aio.Channel) -> PluginWatcherStub:
+    return cast(PluginWatcherStub, reg_grpc.RegistrationStub(channel))
+
+
+def add_device_plugin(servicer: pb_grpc.DevicePluginServicer, server: grpc.aio.Server) -> None:
+    pb_grpc.add_DevicePluginServicer_to_server(servicer, server)
+
+
+def add_registration(servicer: pb_grpc.RegistrationServicer, server: grpc.aio.Server) -> None:
+    pb_grpc.add_RegistrationServicer_to_server(servicer, server)
+
+
+def add_plugin_watcher_registration(servicer: reg_grpc.RegistrationServicer, server: grpc.aio.Server) -> None:
+    reg_grpc.add_RegistrationServicer_to_server(servicer, server)
+
+
+def add_pod_resources(servicer: pr_grpc.PodResourcesListerServicer, server: grpc.aio.Server) -> None:
+    pr_grpc.add_PodResourcesListerServicer_to_server(servicer, server)
+
+
+# grpc-stubs makes ServicerContext generic in (request, response); servicers here accept any.
+Context = grpc.aio.ServicerContext[Any, Any]
