@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Generic, NoReturn, TypeVar, cast
+from typing import Generic, NoReturn, TypeVar
 
 from deviceplane.core.checkpoint_data import CheckpointData, DevicesByResource, DevicesPerNuma, PodDevicesEntry
 from deviceplane.core.spew import spew_text
@@ -67,7 +67,7 @@ def _compiled_fnv1a_32() -> Callable[[bytes], int]:
         from fnv_hash_fast import fnv1a_32 as compiled
     except ImportError:  # pragma: no cover - the dependency is declared; keep working without it
         return fnv1a_32_pure
-    return cast(Callable[[bytes], int], compiled)
+    return compiled
 
 
 fnv1a_32 = _compiled_fnv1a_32()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import random
 import time
 from collections.abc import Mapping
@@ -121,8 +122,8 @@ class SimPlugin:
         pre_start: bool = True,
         flap_rate: float = 0.0,
         seed: int | None = None,
-        plugin_dir: Any = None,
-        registry_dir: Any = None,
+        plugin_dir: str | os.PathLike[str] | None = None,
+        registry_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.numa_of = numa_layout(count, numa)
         self.health = dict.fromkeys(self.numa_of, True)

@@ -35,7 +35,7 @@ class ApiViews:
         self._node_name = node_name
         self._wall_clock = wall_clock
 
-    def devices(self, request: web.Request | None = None) -> Any:
+    def devices(self, request: web.Request | None = None) -> dict[str, Any]:
         query = request.query if request is not None else {}
         limit = None
         if "limit" in query:
@@ -55,5 +55,5 @@ class ApiViews:
         )
         return status.model_dump(mode="json")
 
-    def pods(self, _request: web.Request | None = None) -> Any:
+    def pods(self, _request: web.Request | None = None) -> list[dict[str, Any]]:
         return pods_view(self._table, self._pod_devices, self._registry)
