@@ -4,7 +4,8 @@ uses through its constructor. Nothing is wired after construction.
 Extension points (in `Agent.__init__`, each marked "extension point"):
 - device listeners: objects told every `DeviceEvent` (metrics, admission's wake-up; a Node/NodeDevices publisher);
 - pod sources: `PodSource`s feeding the admission runner (the static pod directory; an API-server watch);
-- background tasks: named long-lived coroutines started after the servers and cancelled at stop.
+- background tasks: named long-lived coroutines, run under the supervisor (agent/supervisor.py: restarted with
+  backoff when they fail, counted, shown in /readyz) after the servers start, cancelled at stop.
 
 Proxy mode (`kubelet_dir` set): the kubelet allocates. Instead of admission, pod sources and a PodResources server of
 its own, the agent gets the proxy (deviceplane/agent/proxy/): the connector the manager dials plugins with, one proxy
@@ -14,6 +15,7 @@ endpoint per resource in the kubelet's directory, and owners from the kubelet's 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -32,7 +34,7 @@ from deviceplane.agent.admission.admitter import (
     DeviceChanges,
 )
 from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, PluginCalls
-from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory, run_sources
+from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory
 from deviceplane.agent.admission.runner import AdmissionRunner
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
 from deviceplane.agent.kube.errors import KubeError
@@ -46,14 +48,17 @@ from deviceplane.agent.plugins.registration_server import RegistrationServer
 from deviceplane.agent.proxy.mode import ProxyMode
 from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.serving.api_views import ApiViews
+from deviceplane.agent.serving.debug_faults import add_fault_route, debug_faults_enabled
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.serving.podresources import PodResourcesServicer, serve_pod_resources
+from deviceplane.agent.serving.state_metrics import JournalCorruptionCollector
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
 from deviceplane.agent.state.journal import Journal
-from deviceplane.agent.tasks import BackgroundTasks, TaskFactory
+from deviceplane.agent.supervisor import Supervisor
+from deviceplane.agent.tasks import TaskFactory
 from deviceplane.core.allocator import Allocator
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
 from deviceplane.core.pod_devices import PodDevices
@@ -108,6 +113,8 @@ class Agent:
         self.ownership = Ownership(config.kubelet_pod_resources_socket) if config.kubelet_dir is not None else None
         allocated = self.ownership.allocated_count if self.ownership else self.pod_devices.allocated_count
         self.metrics = AgentMetrics(self.registry, config.node_name, allocated)
+        # Every long-lived task runs under it (the background list below, the plugin watcher).
+        self.supervisor = Supervisor(self.metrics.prometheus)
         self.views = ApiViews(
             self.registry,
             self.pods,
@@ -125,7 +132,9 @@ class Agent:
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
         content = CheckpointContent(self.registry, self.pod_devices)
         checkpoint = CheckpointWriter(self._checkpoint_file.write, content.snapshot)
-        self.allocation_store = AllocationStore(self.pod_devices, Journal(config.plugin_dir), content, checkpoint)
+        journal = Journal(config.plugin_dir)
+        self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
+        self.allocation_store = AllocationStore(self.pod_devices, journal, content, checkpoint)
 
         # -- plugin side ------------------------------------------------------------------------------------------
         device_changes = DeviceChanges()
@@ -179,18 +188,22 @@ class Agent:
         self._http: web.AppRunner | None = None
 
         # -- background tasks -------------------------------------------------------------------------------------
-        # extension point: background tasks, (name, coroutine function); started in this order after the servers
+        # extension point: background tasks, (name, coroutine function); supervised, started in this order after
+        # the servers. Each pod source is its own task, so one failing does not stop the others.
         self.background: list[tuple[str, TaskFactory]] = [
             ("grace-period-expiry", self.manager.expire_loop),
             ("registration-socket", self.registration.keep_serving),
+            ("checkpoint-pacer", self.allocation_store.run_checkpoints),
         ]
         if self.proxy is not None:
             self.background += self.proxy.tasks()
         else:
-            self.background.append(("pod-sources", self._run_pod_sources))
+            self.background += [
+                (f"pod-source:{source.name}", functools.partial(source.run, self.admission))
+                for source in self.pod_sources
+            ]
         if self.cluster is not None:
             self.background += self.cluster.background()
-        self._tasks = BackgroundTasks()
         self._admitting = False
         self._ready = False
 
@@ -236,7 +249,7 @@ class Agent:
     def _readiness(self) -> str | None:
         if not self._ready:
             return "starting"
-        problem = self._health()
+        problem = self._health() or self.supervisor.problem()
         if problem is None and self.ownership is not None:
             problem = self.ownership.ready()
         if problem is None and self.cluster is not None:
@@ -265,10 +278,13 @@ class Agent:
 
         await self.registration.start()
         app = build_app(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
+        if debug_faults_enabled():
+            add_fault_route(app, self.supervisor)
         self._http = await serve(app, self.config.http_addr)
+        self.supervisor.start()
         if self._watcher is not None:
             # Plugins already in the registry dir are found before admission starts.
-            self._tasks.start("plugin-watcher", self._run_watcher)
+            self.supervisor.add("plugin-watcher", self._run_watcher)
             await self._watcher_ready.wait()
         if self.proxy is None:  # in proxy mode the kubelet admits pods and serves PodResources
             self.admission.start()
@@ -277,7 +293,7 @@ class Agent:
                 self._pod_resources, self.config.pod_resources_socket
             )
         for name, run in self.background:
-            self._tasks.start(name, run)
+            self.supervisor.add(name, run)
         self._ready = True
         log.info(
             "agent started",
@@ -297,12 +313,9 @@ class Agent:
         if self._watcher is not None:
             await self._watcher.run(self._watcher_ready)
 
-    async def _run_pod_sources(self) -> None:
-        await run_sources(self.pod_sources, self.admission, _source_crashed)
-
     async def stop(self) -> None:
         self._ready = False
-        await self._tasks.stop()
+        await self.supervisor.stop()
         if self.proxy is not None:
             await self.proxy.stop()
         await self.registration.stop()
@@ -316,10 +329,6 @@ class Agent:
             await self._http.cleanup()
             self._http = None
         log.info("agent stopped")
-
-
-def _source_crashed(name: str, err: BaseException) -> None:
-    log.error("pod source crashed; its pods stay as they are", extra={"source": name, "error": repr(err)})
 
 
 async def run_agent(config: AgentConfig) -> int:

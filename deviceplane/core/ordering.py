@@ -8,9 +8,23 @@ from __future__ import annotations
 
 import re
 
-_DIGITS = re.compile(r"(\d+)")
+# ASCII digits only: `\d` and str.isdigit() also take superscripts and other scripts' digits (int() refuses some).
+_DIGITS = re.compile(r"([0-9]+)")
 
 
-def natural_key(device_id: str) -> tuple[tuple[int, int | str], ...]:
-    """dev-2 before dev-10: choices are deterministic (upstream's are random) and read naturally."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in _DIGITS.split(device_id) if part)
+PartKey = tuple[int, int, str] | tuple[int, str]
+
+
+def natural_key(device_id: str) -> tuple[PartKey, ...]:
+    """dev-2 before dev-10: choices are deterministic (upstream's are random) and read naturally.
+
+    A digit run compares as its number would, by (length without leading zeros, digits): no int() of a plugin's
+    string, which refuses runs over 4,300 digits."""
+    return tuple(_part_key(part) for part in _DIGITS.split(device_id) if part)
+
+
+def _part_key(part: str) -> PartKey:
+    if "0" <= part[0] <= "9":
+        digits = part.lstrip("0")
+        return (0, len(digits), digits)
+    return (1, part)

@@ -37,6 +37,10 @@ class PodRecord:
         self.state = PodState.ADMITTED
         self.restored = restored
 
+    def waiting(self, reason: str) -> None:
+        """Still admitting, held up by `reason` ("" once it goes on)."""
+        self.reason = reason
+
     def failed(self, reason: str) -> None:
         self.state = PodState.FAILED
         self.reason = reason

@@ -183,10 +183,32 @@ def stable_uid(obj: Mapping[str, Any], node_name: str, source: str) -> str:
     """A UID for a pod without `metadata.uid`, as the kubelet gives static pods one: a hash of the pod's content,
     the node name and the file it came from. Canonical JSON, so reformatting a file does not change it."""
     digest = hashlib.sha256()
-    digest.update(json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode())
+    canonical = json.dumps(_json_shaped(obj), sort_keys=True, separators=(",", ":"), default=str)
+    digest.update(canonical.encode())
     digest.update(f"host:{node_name}".encode())
     digest.update(f"file:{source}".encode())
     return digest.hexdigest()[:32]
+
+
+def _json_key(key: object) -> str:
+    """A YAML mapping key as the kubelet's YAML-to-JSON conversion spells it (`1` -> "1", `true` -> "true")."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    return str(key)
+
+
+def _json_shaped(value: object) -> object:
+    """`value` with string keys only and sets as sorted lists: YAML allows `{1: a, b: c}` (which `sort_keys` cannot
+    order) and `!!set`. A document that is already JSON-shaped comes out equal, so its UID does not change."""
+    if isinstance(value, Mapping):
+        return {_json_key(k): _json_shaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_shaped(v) for v in value]
+    if isinstance(value, set | frozenset):
+        return sorted((_json_shaped(v) for v in value), key=lambda v: json.dumps(v, sort_keys=True, default=str))
+    return value
 
 
 def parse_pod(obj: Any, node_name: str = "", source: str = "") -> Pod:

@@ -24,10 +24,14 @@ TOPOLOGY_AFFINITY_ERROR = "TopologyAffinityError"
 TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology locality"
 
 
+# Upstream's bitmask.BitMask is a uint64: NewBitMask refuses node ids >= 64 and IsSet reads them as unset.
+MAX_NUMA_NODES = 64
+
+
 def mask_of(nodes: Iterable[int]) -> int:
     mask = 0
     for node in nodes:
-        if node >= 0:
+        if 0 <= node < MAX_NUMA_NODES:  # bounded: `1 << 2**62` would exhaust memory
             mask |= 1 << node
     return mask
 

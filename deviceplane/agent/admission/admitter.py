@@ -23,7 +23,7 @@ from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, admit_pod, pre_start_calls
-from deviceplane.core.allocator import AllocationError, AllocationResult, Allocator
+from deviceplane.core.allocator import AllocationError, AllocationResult, Allocator, check_restored
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.pods import Pod
@@ -101,7 +101,7 @@ class Admitter:
         pod = record.pod
         started = self._clock()
         try:
-            await self._wait_for_plugins(pod)
+            await self._wait_for_plugins(record)
             self._store.begin(pod.uid)
             outcome = await self._allocate(pod)
             if outcome.restored:
@@ -148,16 +148,26 @@ class Admitter:
         for listener in self._failure_listeners:
             listener(record.source, record.pod, reason)
 
-    async def _wait_for_plugins(self, pod: Pod) -> None:
-        """Right after start, give plugins a moment to come back before deciding their resources are missing."""
+    async def _wait_for_plugins(self, record: PodRecord) -> None:
+        """Right after start, give plugins a moment to come back before deciding their resources are missing. A pod
+        restored from the checkpoint needs no plugin (no RPC is made for it), so it does not wait; one that waits
+        says so in its reason."""
+        pod = record.pod
+        if check_restored(self._pod_devices, pod.uid, [(c.name, c.limits) for c in pod.all_containers]):
+            return
         # Zero requests too: upstream still refuses them while a resource has no healthy device.
         wanted = sorted({r for c in pod.all_containers for r, _ in c.limits})
         startup_wait = self._settings.startup_wait
-        while self._clock() - self._started_at < startup_wait:
-            if all(self._registry.plugin_ready(r) for r in wanted):
-                return
-            remaining = startup_wait - (self._clock() - self._started_at)
-            await self._device_changes.wait(max(remaining, 0.001))
+        try:
+            while self._clock() - self._started_at < startup_wait:
+                missing = [r for r in wanted if not self._registry.plugin_ready(r)]
+                if not missing:
+                    return
+                record.waiting(f"waiting up to {startup_wait:g}s after start for device plugins: {', '.join(missing)}")
+                remaining = startup_wait - (self._clock() - self._started_at)
+                await self._device_changes.wait(max(remaining, 0.001))
+        finally:
+            record.waiting("")
 
     async def _allocate(self, pod: Pod) -> PodOutcome:
         steps = admit_pod(self._allocator, pod, self._settings.policy, self._settings.numa_nodes)

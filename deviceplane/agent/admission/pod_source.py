@@ -12,7 +12,6 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -65,7 +64,7 @@ def load_manifest(raw: bytes, file_name: str) -> Any:
             raise PodError(f"invalid JSON: {err}") from None
     try:
         documents = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer too long to convert
         raise PodError(f"invalid YAML: {' '.join(str(err).split())}") from None
     if len(documents) != 1:
         raise PodError(f"expected exactly one Pod per file, found {len(documents)} documents")
@@ -149,13 +148,17 @@ class StaticPodDirectory:
             loaded = await asyncio.to_thread(self._load_all, changed)
             for name, result in loaded:
                 self._known[name] = current[name]
-                if isinstance(result, Pod):
-                    sink.pod_set(self.name, name, result)
-                elif result is None:
-                    self._known.pop(name, None)
-                    sink.pod_gone(self.name, name)
-                else:
-                    sink.pod_error(self.name, name, result)
+                try:
+                    if isinstance(result, Pod):
+                        sink.pod_set(self.name, name, result)
+                    elif result is None:
+                        self._known.pop(name, None)
+                        sink.pod_gone(self.name, name)
+                    else:
+                        sink.pod_error(self.name, name, result)
+                except Exception as err:  # a bug handling one pod is that pod's error; the others go on
+                    log.exception("pod could not be handled", extra={"file": name})
+                    sink.pod_error(self.name, name, f"{name}: internal error: {type(err).__name__}: {err}")
 
     def _signatures(self) -> dict[str, Signature]:
         out = {}
@@ -186,17 +189,7 @@ class StaticPodDirectory:
             return f"{name}: {err}"
         except RecursionError:
             return f"{name}: document nested too deeply"
-
-
-async def run_sources(sources: list[PodSource], sink: PodSink, on_crash: Callable[[str, BaseException], None]) -> None:
-    """Run every source; one that crashes is reported and does not take the others down."""
-
-    async def guarded(source: PodSource) -> None:
-        try:
-            await source.run(sink)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as err:
-            on_crash(source.name, err)
-
-    await asyncio.gather(*(guarded(s) for s in sources))
+        except Exception as err:
+            # A parser bug, not the file's fault alone: keep the traceback, report the file, read the others.
+            log.exception("pod manifest could not be read", extra={"file": name})
+            return f"{name}: cannot be read as a pod: {type(err).__name__}: {err}"

@@ -13,10 +13,12 @@ from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.typed_grpc import device_plugin_stub
 from deviceplane.core.registry import Device, PluginOptions
+from deviceplane.core.snapshot import checked_snapshot
 
 log = logging.getLogger("deviceplane.agent.plugin")
 
 MessageTap = Callable[[pb.ListAndWatchResponse], None]
+MAX_PROBLEMS_LOGGED = 4096
 
 
 def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
@@ -40,6 +42,7 @@ class PluginClient:
         self._stub = device_plugin_stub(self._channel)
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._logged: set[tuple[Device, str]] = set()  # snapshot problems already logged
 
     async def connect(self, timeout: float) -> PluginOptions:
         """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions.
@@ -73,7 +76,7 @@ class PluginClient:
             async for response in self._stub.ListAndWatch(pb.Empty()):
                 if self._on_message is not None:
                     self._on_message(response)
-                on_snapshot(devices_from_proto(response.devices))
+                on_snapshot(self._checked(devices_from_proto(response.devices)))
         except grpc.aio.AioRpcError as err:
             reason = f"ListAndWatch ended: {err.code().name}: {err.details()}"
         except asyncio.CancelledError:
@@ -85,6 +88,20 @@ class PluginClient:
         finally:
             if not self._closed:
                 await on_end(reason)
+
+    def _checked(self, devices: list[Device]) -> list[Device]:
+        """What the plugin may not say (core.snapshot) is corrected; logged once per device and problem."""
+        devices, problems = checked_snapshot(devices)
+        for device, problem in problems:
+            if (device, problem) not in self._logged:
+                if len(self._logged) >= MAX_PROBLEMS_LOGGED:
+                    self._logged.clear()  # bounded against a plugin inventing ids; at worst it logs again
+                self._logged.add((device, problem))
+                log.warning(
+                    "device snapshot corrected: the plugin sent what it may not",
+                    extra={"resource": self.resource, "device": device.id, "reason": problem},
+                )
+        return devices
 
     async def allocate(self, device_ids: Sequence[str], timeout: float | None) -> pb.AllocateResponse:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -42,10 +43,19 @@ def resolve_endpoint(plugin_dir: Path, endpoint: str) -> str:
     except OSError as err:
         raise RegistrationError(f'invalid endpoint "{endpoint}": {err.strerror}') from None
     if stat.S_ISLNK(info.st_mode):
-        real = Path(os.path.realpath(path))
+        try:
+            real = Path(os.path.realpath(path, strict=True))
+        except FileNotFoundError:
+            raise RegistrationError(f'invalid endpoint "{endpoint}": no such socket in {plugin_dir}') from None
+        except OSError as err:  # ELOOP: a symlink loop
+            problem = "symlink loop" if err.errno == errno.ELOOP else err.strerror
+            raise RegistrationError(f'invalid endpoint "{endpoint}": {problem}') from None
         if real.parent != Path(os.path.realpath(plugin_dir)):
             raise RegistrationError(f'invalid endpoint "{endpoint}": symlink leads outside {plugin_dir}')
-        info = os.stat(real)
+        try:
+            info = os.stat(real)
+        except OSError as err:  # replaced since realpath looked
+            raise RegistrationError(f'invalid endpoint "{endpoint}": {err.strerror}') from None
     if not stat.S_ISSOCK(info.st_mode):
         raise RegistrationError(f'invalid endpoint "{endpoint}": not a unix socket')
     return str(path)
@@ -74,6 +84,10 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
             )
             # Upstream returns plain Go errors, which reach the plugin as status Unknown with the message.
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        except Exception as err:  # a bug: the plugin gets a clear answer, the log the traceback
+            endpoint = request.endpoint
+            log.exception("registration failed", extra={"resource": request.resource_name, "endpoint": endpoint})
+            await context.abort(grpc.StatusCode.UNKNOWN, f"internal error: {type(err).__name__}: {err}")
         return pb.Empty()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,8 +46,9 @@ class ApiViews:
         query = request.query if request is not None else {}
         limit = None
         if "limit" in query:
-            if not query["limit"].isdigit():
-                raise web.HTTPBadRequest(text=f"limit must be a non-negative integer, got {query['limit']!r}")
+            # ASCII digits only ("²".isdigit() is true, int() refuses it), and short enough for int() to take
+            if not re.fullmatch(r"[0-9]{1,9}", query["limit"]):
+                raise web.HTTPBadRequest(text=f"limit must be an integer from 0 to 999999999, got {query['limit']!r}")
             limit = int(query["limit"])
         return self.status(limit, query.get("resource")).model_dump(mode="json")
 

@@ -17,7 +17,6 @@ import time
 
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.journal import Journal, alloc_record, release_record
-from deviceplane.aio import cancel_and_wait
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.pod_devices import Allocation, PodDevices
 from deviceplane.core.registry import DeviceRegistry
@@ -64,7 +63,6 @@ class AllocationStore:
         self._content = content
         self._checkpoint = checkpoint
         self._dirty = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self.checkpoints = 0
         self.last_checkpoint_seconds = 0.0
 
@@ -83,8 +81,7 @@ class AllocationStore:
         return self._journal.syncs
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="checkpoint-pacer")
-        self._dirty.set()  # fold the replayed journal into a fresh checkpoint at once
+        self._dirty.set()  # fold the replayed journal into a fresh checkpoint at once (`run_checkpoints` does)
 
     # -- changes -------------------------------------------------------------------------------------------------------
 
@@ -119,7 +116,8 @@ class AllocationStore:
 
     # -- background checkpoint -----------------------------------------------------------------------------------------
 
-    async def _run(self) -> None:
+    async def run_checkpoints(self) -> None:
+        """The background checkpoint loop, until cancelled (the agent runs it supervised)."""
         while True:
             await self._dirty.wait()
             self._dirty.clear()
@@ -141,8 +139,7 @@ class AllocationStore:
         self.checkpoints += 1
 
     async def close(self) -> None:
-        if self._task is not None:
-            await cancel_and_wait([self._task])
+        """After `run_checkpoints` is cancelled: a last checkpoint, then the journal is closed."""
         try:
             await self.checkpoint_now()
         except Exception as err:

@@ -11,8 +11,9 @@ The kubelet rewrites its whole checkpoint after every allocation, O(pods) per ad
 Records are idempotent (alloc sets one entry, release drops a pod), so replaying a segment over a checkpoint that
 already contains part of it gives the same state. Appends are group-committed: every record buffered while one
 fdatasync runs shares the next. Segments are pre-filled with zeros so an append never grows the file and
-fdatasync has no metadata to flush; a replay stops at the first line that is not a valid record (the zeros, or a
-torn write at a crash).
+fdatasync has no metadata to flush. At replay, invalid lines after a segment's last valid record are its zero fill
+or a write torn at a crash; invalid lines before it are corruption: logged as an error, counted, and skipped, the
+records after them still applied (records are idempotent and each concerns one pod, so later ones still hold).
 
 Rotation keeps the journal short: `rotate()` switches new records to a fresh segment at a point where the
 in-memory state already reflects every record before it; once a kubelet-format checkpoint requested after that
@@ -30,7 +31,6 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,25 +80,40 @@ def encode_record(record: dict[str, Any]) -> bytes:
     return b"%08x %s\n" % (zlib.crc32(body), body)
 
 
-def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Valid records of a segment, in order, up to the first line that is not one (zeros or a torn tail)."""
+def _parse_line(line: bytes) -> dict[str, Any] | None:
+    """The record a line holds, or None if it is not a valid one (checksum, JSON, shape)."""
+    if len(line) < 10 or line[8:9] != b" ":
+        return None
+    body = line[9:]
+    try:
+        if int(line[:8], 16) != zlib.crc32(body):
+            return None
+        record = json.loads(body)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRead:
+    records: list[dict[str, Any]]
+    # Invalid lines with a valid record after them: not a torn tail (an append only ever writes after the last
+    # record), so damage in the middle of the segment. Their records are lost; the ones after them are kept.
+    corrupt_lines: list[int]
+
+
+def read_segment(path: Path) -> SegmentRead:
+    """Valid records of a segment, in order. Invalid lines after the last valid record are the zero fill or a write
+    torn at a crash and end the segment; invalid lines before it are corruption, reported and skipped."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        return
-    for line in data.split(b"\n"):
-        if len(line) < 10 or line[8:9] != b" ":
-            return
-        body = line[9:]
-        try:
-            if int(line[:8], 16) != zlib.crc32(body):
-                return
-            record = json.loads(body)
-        except ValueError:
-            return
-        if not isinstance(record, dict):
-            return
-        yield record
+        return SegmentRead([], [])
+    parsed = [_parse_line(line) for line in data.split(b"\n")]
+    last_valid = max((i for i, record in enumerate(parsed) if record is not None), default=-1)
+    records = [record for record in parsed[: last_valid + 1] if record is not None]
+    corrupt = [i + 1 for i, record in enumerate(parsed[:last_valid]) if record is None]
+    return SegmentRead(records, corrupt)
 
 
 def apply_record(pod_devices: PodDevices, record: dict[str, Any]) -> bool:
@@ -151,6 +166,7 @@ class Journal:
         self._spare_lock = threading.Lock()
         self._spare_task: asyncio.Task[None] | None = None
         self.syncs = 0
+        self.corrupt_records = 0  # invalid records found in the middle of a segment at replay
 
     # -- start ---------------------------------------------------------------------------------------------------------
 
@@ -159,7 +175,14 @@ class Journal:
         applied = 0
         segments = list_segments(self.directory)
         for _seq, path in segments:
-            for record in read_records(path):
+            read = read_segment(path)
+            if read.corrupt_lines:
+                self.corrupt_records += len(read.corrupt_lines)
+                log.error(
+                    "journal segment corrupt: records lost in the middle of it; the valid records after them are kept",
+                    extra={"segment": str(path), "lines": read.corrupt_lines[:20], "count": len(read.corrupt_lines)},
+                )
+            for record in read.records:
                 applied += apply_record(pod_devices, record)
         self._seq = segments[-1][0] if segments else 0
         return applied
