@@ -5,7 +5,8 @@ another process on 127.0.0.1), so the two are timed symmetrically. Pods admitted
 (`debug-api`, synced from the start): they go through exactly the admission path of static or API pods.
 
     POST /debug/v1/admit   a v1 Pod (JSON)  -> {"uid", "admitted", "state", "reason", "durationNs"}
-    POST /debug/v1/remove  {"uid": "..."}  -> {"removed", "durationNs"}  (returns once the release is journaled)
+    POST /debug/v1/remove  {"uid": "..."}  -> {"removed", "durationNs"}  (an admitted pod: answers once its release
+                                                                        is on disk)
 
 `durationNs` is measured inside the agent: from the pod handed to the admission runner until it settled (admit), or
 until the release is durable (remove).
