@@ -341,8 +341,10 @@ def admission_phase(side: Side, args: argparse.Namespace, run: int) -> dict[str,
             wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{side.name}: {resource} registered")
         results["floor_allocate"] = statistics.median(allocate_round_trips(sim_socket(side, PLAIN), 200))
         results["floor_fdatasync"] = statistics.median(fdatasyncs(side.work, 200))
-        admit_many(side, "warm", PLAIN, 30, 1)
-        remove_many(side, "warm", 30)
+        for resource, workers in ((PLAIN, 1), (PLAIN, args.concurrency), (RPCS, args.concurrency)):
+            warm = f"warm-{resource.rpartition('/')[2]}-{workers}"  # connections, caches, the first checkpoints
+            admit_many(side, warm, resource, 100, workers)
+            remove_many(side, warm, 100)
         held = 0  # containers holding devices now (filler pods + measured pods kept)
         for level in HELD_LEVELS:
             if level > held:
