@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 
@@ -102,3 +103,22 @@ async def test_record_with_undecodable_response_is_skipped(tmp_path: Path) -> No
     pds = PodDevices()
     assert Journal(tmp_path).replay(pds) == 1
     assert state(pds) == {"p2": {"d2"}}
+
+
+async def test_records_queued_while_a_full_segment_switches_are_kept(tmp_path: Path) -> None:
+    """Eight concurrent writers (as 8 concurrent admissions) over 4 KiB segments: segments fill while records are
+    buffered, and every acknowledged record, in order, is still there at replay."""
+    journal = Journal(tmp_path, segment_bytes=4 << 10)
+    journal.replay(PodDevices())
+    journal.open()
+
+    async def writer(w: int) -> None:
+        for i in range(150):
+            await journal.append(alloc_record(alloc(f"w{w}-{i}", f"d{w}-{i}")))
+            if i % 3 == 0:
+                await journal.append(release_record(f"w{w}-{i}"))
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    await journal.close()
+    expected = {f"w{w}-{i}": {f"d{w}-{i}"} for w in range(8) for i in range(150) if i % 3}
+    assert state(replayed(tmp_path)) == dict(sorted(expected.items()))
