@@ -313,8 +313,10 @@ def profiled(side: Side, out: Path | None, label: str, wanted: bool) -> Iterator
         return
     out.mkdir(parents=True, exist_ok=True)
     base = out / label
-    argv = ["py-spy", "record", "--pid", str(side.proc.pid), "--rate", "500", "--threads", "--format", "raw",
-            "--output", str(base.with_suffix(".txt")), "--nonblocking"]  # fmt: skip
+    # Blocking mode (the default): --nonblocking reads a running process and returned torn stacks that charged
+    # samples to the wrong coroutine.
+    argv = ["py-spy", "record", "--pid", str(side.proc.pid), "--rate", "250", "--threads", "--format", "raw",
+            "--output", str(base.with_suffix(".txt"))]  # fmt: skip
     spy = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,

@@ -247,7 +247,9 @@ class Journal:
         while self._queue:
             seq, pending = self._queue.pop(0)
             try:
-                if seq != self._seq:
+                # Only ever forward: records buffered for a segment that a write filled meanwhile (`_write` moved
+                # on in its thread) belong in the newer segment; going back would re-create (truncate) the full one.
+                if seq > self._seq:
                     await asyncio.to_thread(self._switch, seq)
                     self._closed_event.set()  # a rotation waiting for the older segment may go on
                     self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare, seq + 1))
