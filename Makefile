@@ -3,10 +3,10 @@ PYTHON ?= python3
 CACHE ?= $(HOME)/.cache/deviceplane
 export PATH := $(CACHE)/bin:$(PATH)
 
-.PHONY: deps k8s-bins promtool proto crds image lint test unit demo bench clean
+.PHONY: deps k8s-bins promtool proto crds image lint test unit demo bench compare clean
 
 deps:  ## the package with every extra (cluster, operator, demo) and the test tools
-	$(PYTHON) -m pip install -q -e '.[cluster,operator,demo,test]'
+	$(PYTHON) -m pip install -q -e '.[cluster,operator,demo,test,bench]'
 
 k8s-bins:  ## real kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok and Go device plugins (cached)
 	bash tests/k8s/build.sh
@@ -38,4 +38,8 @@ demo: deps
 	$(PYTHON) -m deviceplane demo
 
 bench: deps
-	for b in benchmarks/*.py; do $(PYTHON) $$b || exit 1; done
+	for b in benchmarks/*.py; do [ $$b = benchmarks/compare.py ] || $(PYTHON) $$b || exit 1; done
+
+COMPARE_ARGS ?=
+compare: deps k8s-bins  ## deviceplane beside the kubelet's device manager -> benchmarks/results/compare.{md,png,json}
+	$(PYTHON) benchmarks/compare.py $(COMPARE_ARGS)

@@ -120,13 +120,18 @@ def bench_apply_in_process() -> float:
     return statistics.median(timings)
 
 
+async def register_big(directory: Path, stub: pb_grpc.RegistrationStub, i: int, servers: list) -> BenchPlugin:
+    """Serve `bench.example.com/big<i>` with 10,000 devices on big<i>.sock and register it."""
+    plugin = BenchPlugin(make_devices(10_000, prefix=f"big{i}"))
+    servers.append(await serve_plugin(directory, f"big{i}.sock", plugin))
+    await register(stub, f"bench.example.com/big{i}", f"big{i}.sock")
+    return plugin
+
+
 async def bench_big(agent: AgentProcess, stub: pb_grpc.RegistrationStub, servers: list) -> tuple[float, float]:
     plugins = []
     for i in range(10):
-        plugin = BenchPlugin(make_devices(10_000, prefix=f"big{i}"))
-        plugins.append(plugin)
-        servers.append(await serve_plugin(agent.plugin_dir, f"big{i}.sock", plugin))
-        await register(stub, f"bench.example.com/big{i}", f"big{i}.sock")
+        plugins.append(await register_big(agent.plugin_dir, stub, i, servers))
         await wait_visible(agent, f"bench.example.com/big{i}", lambda r: r["capacity"] == 10_000)
     timings = []
     for round_ in range(1, 6):

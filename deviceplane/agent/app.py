@@ -48,6 +48,8 @@ from deviceplane.agent.plugins.registration_server import RegistrationServer
 from deviceplane.agent.proxy.mode import ProxyMode
 from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.serving.api_views import ApiViews
+from deviceplane.agent.serving.debug_admit import SOURCE as DEBUG_SOURCE
+from deviceplane.agent.serving.debug_admit import DebugAdmitApi
 from deviceplane.agent.serving.debug_faults import add_fault_route, debug_faults_enabled
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
@@ -99,6 +101,8 @@ class AgentConfig:
     require_apiserver: bool = False
     nodedevices_debounce: float = NODEDEVICES_DEBOUNCE_SECONDS
     nodedevices_max_devices: int = NODEDEVICES_MAX_DEVICES
+    # Benchmarking aid (serving/debug_admit.py): an admit endpoint on the loopback HTTP server; agent mode only.
+    debug_admit_api: bool = False
 
 
 class Agent:
@@ -181,6 +185,13 @@ class Agent:
             self.pod_sources.append(self.cluster.pods)
         for source in self.pod_sources:
             self.pods.register_source(source.name)
+        self._debug_admit = (
+            DebugAdmitApi(self.admission, self.allocation_store.durable, config.node_name)
+            if config.debug_admit_api and self.proxy is None
+            else None
+        )
+        if self._debug_admit is not None:
+            self.pods.register_source(DEBUG_SOURCE)
 
         # -- serving ----------------------------------------------------------------------------------------------
         self._pod_resources = PodResourcesServicer(self.pods, self.pod_devices, self.registry)
@@ -277,7 +288,10 @@ class Agent:
             log.info("removed stale sockets", extra={"sockets": removed})
 
         await self.registration.start()
-        app = build_app(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
+        debug_routes = self._debug_admit.routes() if self._debug_admit is not None else []
+        app = build_app(
+            self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness, debug_routes
+        )
         if debug_faults_enabled():
             add_fault_route(app, self.supervisor)
         self._http = await serve(app, self.config.http_addr)
@@ -289,6 +303,8 @@ class Agent:
         if self.proxy is None:  # in proxy mode the kubelet admits pods and serves PodResources
             self.admission.start()
             self._admitting = True
+            if self._debug_admit is not None:
+                self.admission.synced(DEBUG_SOURCE)  # it has no pods before the first request
             self._pod_resources_server = await serve_pod_resources(
                 self._pod_resources, self.config.pod_resources_socket
             )

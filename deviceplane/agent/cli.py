@@ -31,6 +31,11 @@ def http_address(text: str) -> str:
     return text
 
 
+def is_loopback(address: str) -> bool:
+    host = address.rpartition(":")[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin-dir",
@@ -118,6 +123,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
         help="proxy mode: the kubelet's PodResources socket, polled for device owners [%(default)s]",
     )
+    parser.add_argument(
+        "--debug-admit-api",
+        action="store_true",
+        help="benchmarking aid: POST /debug/v1/admit and /debug/v1/remove on a loopback --http-addr [off]",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 
@@ -135,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("deviceplane agent: --standalone and --require-apiserver exclude each other")
     if args.nodedevices_max_devices < 0:
         raise SystemExit("deviceplane agent: --nodedevices-max-devices must not be negative")
+    if args.debug_admit_api and (args.mode == "proxy" or not is_loopback(args.http_addr)):
+        raise SystemExit("deviceplane agent: --debug-admit-api needs agent mode and a loopback --http-addr")
     standalone = args.standalone or (args.kubeconfig is None and not in_cluster())
     if standalone and args.require_apiserver:
         raise SystemExit("deviceplane agent: --require-apiserver needs --kubeconfig or an in-cluster config")
@@ -158,5 +170,6 @@ def run(args: argparse.Namespace) -> int:
         require_apiserver=args.require_apiserver,
         nodedevices_debounce=args.nodedevices_debounce,
         nodedevices_max_devices=args.nodedevices_max_devices,
+        debug_admit_api=args.debug_admit_api,
     )
     return asyncio.run(run_agent(config))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import threading
 from pathlib import Path
 
 from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, release_record
@@ -102,3 +104,58 @@ async def test_record_with_undecodable_response_is_skipped(tmp_path: Path) -> No
     pds = PodDevices()
     assert Journal(tmp_path).replay(pds) == 1
     assert state(pds) == {"p2": {"d2"}}
+
+
+async def test_records_queued_while_a_full_segment_switches_are_kept(tmp_path: Path) -> None:
+    """Eight concurrent writers (as 8 concurrent admissions) over 4 KiB segments: segments fill while records are
+    buffered, and every acknowledged record, in order, is still there at replay."""
+    journal = Journal(tmp_path, segment_bytes=4 << 10)
+    journal.replay(PodDevices())
+    journal.open()
+
+    async def writer(w: int) -> None:
+        for i in range(150):
+            await journal.append(alloc_record(alloc(f"w{w}-{i}", f"d{w}-{i}")))
+            if i % 3 == 0:
+                await journal.append(release_record(f"w{w}-{i}"))
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    await journal.close()
+    expected = {f"w{w}-{i}": {f"d{w}-{i}"} for w in range(8) for i in range(150) if i % 3}
+    assert state(replayed(tmp_path)) == dict(sorted(expected.items()))
+
+
+class GatedJournal(Journal):
+    """Holds each write until `gate` is set: an append can then be buffered while the write that fills the segment
+    is in flight (as with concurrent admissions, where it happens when the worker thread starts late)."""
+
+    def __init__(self, directory: Path, segment_bytes: int) -> None:
+        super().__init__(directory, segment_bytes)
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def _write(self, data: bytes) -> None:
+        self.gate.wait(10)
+        super()._write(data)
+
+
+async def test_record_buffered_while_the_segment_fills_never_truncates_it(tmp_path: Path) -> None:
+    """Found profiling 8 concurrent admissions: a record buffered for the segment that the in-flight write filled
+    made the flusher switch back to that older segment, re-creating (truncating) it: durable records were lost, and
+    the checkpoint pacer's wait for the rotated segment spun on the event loop."""
+    journal = GatedJournal(tmp_path, segment_bytes=4 << 10)
+    journal.replay(PodDevices())
+    journal.open()
+    for i in range(30):  # ~115 bytes each: most of the first 4 KiB segment
+        await journal.append(alloc_record(alloc(f"p{i}", f"d{i}")))
+    journal.gate.clear()
+    filling = [journal.append(alloc_record(alloc(f"q{i}", f"e{i}"))) for i in range(10)]  # overflows: next segment
+    await asyncio.sleep(0.05)  # the flusher is now waiting in its worker thread
+    late = journal.append(alloc_record(alloc("late", "d-late")))  # buffered for the segment being filled
+    journal.gate.set()
+    await asyncio.gather(*filling, late)
+    covered = journal.rotate()
+    await asyncio.wait_for(journal.wait_closed(covered), 5)
+    await journal.close()
+    pods = replayed(tmp_path).pods()
+    assert {f"p{i}" for i in range(30)} | {f"q{i}" for i in range(10)} | {"late"} <= set(pods)

@@ -63,6 +63,10 @@ class AdmissionRunner:
             await asyncio.wait([task])
         return self._table.get(uid)
 
+    def known(self, source: str, key: str) -> bool:
+        """A pod is recorded at (source, key)."""
+        return self._table.uid_at(source, key) is not None
+
     # -- what sources report -------------------------------------------------------------------------------------------
 
     def pod_set(self, source: str, key: str, pod: Pod) -> None:

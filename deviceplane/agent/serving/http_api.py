@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -12,8 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 JsonSource = Callable[[web.Request], Any]
 
 
-def _json(payload: Any) -> web.Response:
-    return web.Response(text=json.dumps(payload, separators=(",", ":")), content_type="application/json")
+def json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(text=json.dumps(payload, separators=(",", ":")), status=status, content_type="application/json")
 
 
 def build_app(
@@ -22,14 +22,16 @@ def build_app(
     metrics: CollectorRegistry,
     health: Callable[[], str | None],
     ready: Callable[[], str | None],
+    extra_routes: Sequence[web.RouteDef] = (),
 ) -> web.Application:
-    """`health`/`ready` return None when fine, else the reason (served with 503)."""
+    """`health`/`ready` return None when fine, else the reason (served with 503); `extra_routes`: opt-in endpoints
+    (`--debug-admit-api`)."""
 
     async def get_devices(request: web.Request) -> web.Response:
-        return _json(devices(request))
+        return json_response(devices(request))
 
     async def get_pods(request: web.Request) -> web.Response:
-        return _json(pods(request))
+        return json_response(pods(request))
 
     async def get_metrics(_request: web.Request) -> web.Response:
         body = generate_latest(metrics)
@@ -50,6 +52,7 @@ def build_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", probe(health))
     app.router.add_get("/readyz", probe(ready))
+    app.router.add_routes(extra_routes)
     return app
 
 

@@ -114,6 +114,10 @@ class AllocationStore:
         self._dirty.set()
         return self._journal.append(release_record(pod_uid))
 
+    def durable(self) -> asyncio.Future[None]:
+        """Resolves once every change journaled so far is on disk."""
+        return self._journal.barrier()
+
     # -- background checkpoint -----------------------------------------------------------------------------------------
 
     async def run_checkpoints(self) -> None:

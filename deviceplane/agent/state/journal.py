@@ -221,14 +221,25 @@ class Journal:
     def append(self, record: dict[str, Any]) -> asyncio.Future[None]:
         """Buffer a record (in call order) and return a future resolved once it is durable."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        seq = self.segment
-        if not self._queue or self._queue[-1][0] != seq:
-            self._queue.append((seq, _Pending(bytearray(), [])))
-        pending = self._queue[-1][1]
+        pending = self._tail()
         pending.data += encode_record(record)
         pending.waiters.append(future)
         self._kick()
         return future
+
+    def barrier(self) -> asyncio.Future[None]:
+        """A future resolved once every record appended before this call is durable (appends nothing)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._tail().waiters.append(future)
+        self._kick()
+        return future
+
+    def _tail(self) -> _Pending:
+        """The buffer new records join (the current segment's)."""
+        seq = self.segment
+        if not self._queue or self._queue[-1][0] != seq:
+            self._queue.append((seq, _Pending(bytearray(), [])))
+        return self._queue[-1][1]
 
     def rotate(self) -> int:
         """Send later records to a new segment; returns the last segment whose records all precede this point."""
@@ -259,7 +270,9 @@ class Journal:
         while self._queue:
             seq, pending = self._queue.pop(0)
             try:
-                if seq != self._seq:
+                # Only ever forward: records buffered for a segment that a write filled meanwhile (`_write` moved
+                # on in its thread) belong in the newer segment; going back would re-create (truncate) the full one.
+                if seq > self._seq:
                     await asyncio.to_thread(self._switch, seq)
                     self._closed_event.set()  # a rotation waiting for the older segment may go on
                     self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare, seq + 1))

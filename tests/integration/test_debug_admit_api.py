@@ -1,0 +1,93 @@
+"""`--debug-admit-api` (the benchmarking aid of benchmarks/compare.py): off by default, admits through the normal
+admission path when on, refuses bad input, and only listens on a loopback address."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.alloc_env import AllocEnv, alloc_env
+from tests.support.pods import devices_of, pods
+from tests.support.procs import AgentProcess, child_env
+
+RESOURCE = "example.com/sim"
+
+
+def post(agent: AgentProcess, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(agent.url + path, data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(json.loads(response.read()))
+    except urllib.error.HTTPError as err:
+        return err.code, dict(json.loads(err.read() or b"{}")) if err.code == 400 else {}
+
+
+def pod(name: str, count: int) -> bytes:
+    container = {"name": "c", "resources": {"limits": {RESOURCE: str(count)}}}
+    return json.dumps({"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {"containers": [container]}}).encode()
+
+
+@pytest.fixture
+def env(short_tmp: Path) -> Iterator[AllocEnv]:
+    with alloc_env(short_tmp, "--debug-admit-api") as e:
+        e.start_agent()
+        e.sim(RESOURCE, 2, 0, "--no-preferred-allocation", "--no-pre-start")
+        yield e
+
+
+def test_admit_and_remove_go_through_admission(env: AllocEnv) -> None:
+    agent = env.agent
+    assert agent is not None
+    status, answer = post(agent, "/debug/v1/admit", pod("a", 2))
+    assert status == 200 and answer["admitted"] and answer["state"] == "admitted" and answer["durationNs"] > 0
+    view = pods(agent)["a"]
+    assert view["source"] == "debug-api:uid-a" and devices_of(view, RESOURCE) == {"sim-0", "sim-1"}
+    # the devices are held: a second pod fails with upstream's message
+    status, answer = post(agent, "/debug/v1/admit", pod("b", 1))
+    assert status == 200 and not answer["admitted"] and answer["state"] == "failed"
+    assert "requested number of devices unavailable" in answer["reason"]
+    status, answer = post(agent, "/debug/v1/remove", json.dumps({"uid": "uid-a"}).encode())
+    assert status == 200 and answer["removed"] is True
+    assert agent.resource(RESOURCE)["allocated"] == 0  # type: ignore[index]
+    # the release is journaled before the answer: it survives a kill at once
+    env.restart_agent(kill=True)
+    env.wait_devices(RESOURCE, 2)
+    assert env.agent is not None and env.agent.resource(RESOURCE)["allocated"] == 0  # type: ignore[index]
+
+
+def test_bad_input_is_refused_and_changes_nothing(env: AllocEnv) -> None:
+    agent = env.agent
+    assert agent is not None
+    for body in (b"{not json", b"[]", json.dumps({"metadata": {"name": "x"}}).encode()):
+        status, answer = post(agent, "/debug/v1/admit", body)
+        assert status == 400 and answer["error"], body
+    status, answer = post(agent, "/debug/v1/remove", b'{"uid": 3}')
+    assert status == 400
+    status, answer = post(agent, "/debug/v1/remove", json.dumps({"uid": "nobody"}).encode())
+    assert status == 200 and answer["removed"] is False
+    assert agent.resource(RESOURCE)["allocated"] == 0  # type: ignore[index]
+    assert agent.healthy()
+
+
+def test_off_by_default(short_tmp: Path) -> None:
+    agent = AgentProcess(short_tmp).start()
+    try:
+        status, _ = post(agent, "/debug/v1/admit", pod("a", 1))
+        assert status in (404, 405)
+    finally:
+        agent.stop()
+
+
+def test_needs_a_loopback_address(short_tmp: Path) -> None:
+    argv = [sys.executable, "-m", "deviceplane", "agent", "--standalone", "--debug-admit-api",
+            "--plugin-dir", str(short_tmp / "dp"), "--http-addr", "0.0.0.0:0"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode != 0 and "--debug-admit-api needs agent mode and a loopback --http-addr" in done.stderr
