@@ -84,7 +84,9 @@ def main() -> int:
         agent = AgentProcess(
             tmp / "agent", "--mode", "proxy", "--kubelet-dir", str(kubelet_dir), "--log-level", "warning",
             plugin_dir=tmp / "p",
-        ).start()  # fmt: skip
+        ).start(wait=False)  # fmt: skip
+        # Not /readyz: in proxy mode it also waits for the kubelet's PodResources, which this stand-in kubelet lacks.
+        wait_for(lambda: agent.get_text("/healthz") == "ok", timeout=30, what="agent serving")
         sim = subprocess.Popen(
             [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", RESOURCE, "--count", "8",
              "--plugin-dir", str(tmp / "p"), "--no-pre-start"],
