@@ -1,0 +1,34 @@
+"""The benchmarks still run: each small, in a subprocess, checked for the figures it prints.
+
+Timings are not asserted (benchmarks report them; see benchmarks/README.md): this only keeps the scripts from rotting
+when the code they drive changes (benchmarks/proxy.py once waited for a /readyz that proxy mode no longer gives it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.procs import ROOT, child_env
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "expected"),
+    [
+        ("proxy.py", ["--calls", "30"], "added (percentile difference)"),
+        ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
+    ],
+)
+def test_benchmark_runs_and_prints_its_figures(script: str, args: list[str], expected: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        cwd=ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert expected in done.stdout, done.stdout[-3000:]
