@@ -85,15 +85,16 @@ def main() -> int:
             tmp / "agent", "--mode", "proxy", "--kubelet-dir", str(kubelet_dir), "--log-level", "warning",
             plugin_dir=tmp / "p",
         ).start(wait=False)  # fmt: skip
-        # Not /readyz: in proxy mode it also waits for the kubelet's PodResources, which this stand-in kubelet lacks.
-        wait_for(lambda: agent.get_text("/healthz") == "ok", timeout=30, what="agent serving")
-        sim = subprocess.Popen(
-            [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", RESOURCE, "--count", "8",
-             "--plugin-dir", str(tmp / "p"), "--no-pre-start"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), start_new_session=True,
-        )  # fmt: skip
+        sim: subprocess.Popen[bytes] | None = None
         bare: subprocess.Popen[bytes] | None = None
-        try:
+        try:  # everything started is stopped, also when the agent never gets ready
+            # Not /readyz: in proxy mode it also waits for the kubelet's PodResources, which this stand-in lacks.
+            wait_for(lambda: agent.get_text("/healthz") == "ok", timeout=30, what="agent serving")
+            sim = subprocess.Popen(
+                [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", RESOURCE, "--count", "8",
+                 "--plugin-dir", str(tmp / "p"), "--no-pre-start"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), start_new_session=True,
+            )  # fmt: skip
             wait_for(lambda: proxy_socket.exists(), timeout=30, what="proxy endpoint")
             (direct_socket,) = [p for p in (tmp / "p").iterdir() if p.name.startswith("example.com_sim")]
             request = pb.AllocateRequest(
