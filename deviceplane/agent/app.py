@@ -62,7 +62,7 @@ from deviceplane.agent.state.journal import Journal
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.agent.tasks import TaskFactory
 from deviceplane.core.allocator import Allocator
-from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
+from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_POD_RESOURCES_SOCKET
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry
@@ -97,7 +97,7 @@ class AgentConfig:
     # Proxy mode: in front of a real kubelet (its device-plugin dir and PodResources socket); None = the agent
     # allocates itself.
     kubelet_dir: Path | None = None
-    kubelet_pod_resources_socket: Path = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+    kubelet_pod_resources_socket: Path = Path(KUBELET_POD_RESOURCES_SOCKET)
     require_apiserver: bool = False
     nodedevices_debounce: float = NODEDEVICES_DEBOUNCE_SECONDS
     nodedevices_max_devices: int = NODEDEVICES_MAX_DEVICES

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from deviceplane import logs
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
+from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_POD_RESOURCES_SOCKET
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
@@ -114,13 +115,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubelet-dir",
         type=Path,
-        default=Path("/var/lib/kubelet/device-plugins"),
+        default=Path(DEVICE_PLUGIN_PATH),
         help="proxy mode: the kubelet's device-plugin directory (its kubelet.sock) [%(default)s]",
     )
     parser.add_argument(
         "--kubelet-pod-resources-socket",
         type=Path,
-        default=Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        default=Path(KUBELET_POD_RESOURCES_SOCKET),
         help="proxy mode: the kubelet's PodResources socket, polled for device owners [%(default)s]",
     )
     parser.add_argument(

@@ -11,6 +11,8 @@ VERSION: Final = "v1beta1"
 SUPPORTED_VERSIONS: Final = ("v1beta1",)
 DEVICE_PLUGIN_PATH: Final = "/var/lib/kubelet/device-plugins/"  # hard-coded upstream, trailing slash included
 KUBELET_SOCKET_NAME: Final = "kubelet.sock"
+# podresources/v1: where the kubelet serves PodResourcesLister
+KUBELET_POD_RESOURCES_SOCKET: Final = "/var/lib/kubelet/pod-resources/kubelet.sock"
 PRE_START_TIMEOUT_SECONDS: Final = 30.0
 
 # pkg/kubelet/cm/devicemanager
