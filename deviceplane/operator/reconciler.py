@@ -190,6 +190,8 @@ class Reconciler:
             invalid = ("InvalidSpec", _validation_message(exc))
             observed = Observed(generation, paused=True, daemonset=live, problem=invalid)
             return await self._write_status(key, body, observed)
+        if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
+            return "unchanged"  # the cache is older than our last write; its watch event brings us back
 
         resolution = self._resolve().get(key, conflict_rules.Resolution(frozenset(), ()))
         problem: tuple[str, str] | None = None
@@ -202,8 +204,6 @@ class Reconciler:
         rendered = render_daemonset(
             Owner(key, str(meta["uid"])), spec, config_hash=config_hash, excluded_nodes=resolution.excluded
         )
-        if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
-            return "unchanged"  # the cache is older than our last write; its watch event brings us back
         changed = False
         if not spec.paused:
             try:
