@@ -21,7 +21,7 @@ from deviceplane.operator.reconciler import Reconciler, key_of
 from deviceplane.operator.render import configmap_hash
 from deviceplane.operator.status import PodProblem, pod_problem
 
-MANAGED = f"{names.MANAGED_BY_LABEL}={names.MANAGED_BY}"
+MANAGED = {names.MANAGED_BY_LABEL: names.MANAGED_BY}  # the label selector of what we create
 
 
 def _slim(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,12 +122,12 @@ def install(registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconc
         info = node_info(body)
         return {info.name: info}
 
-    @kopf.index(**dss, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY}, id="daemonset_index")  # type: ignore[arg-type]
+    @kopf.index(**dss, labels=MANAGED, id="daemonset_index")  # type: ignore[arg-type]
     def daemonset_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, Any]:
         key = _owner_key(body)
         return {key: _slim(body)} if key else {}
 
-    @kopf.index(**pods, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY}, id="pod_index")  # type: ignore[arg-type]
+    @kopf.index(**pods, labels=MANAGED, id="pod_index")  # type: ignore[arg-type]
     def pod_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, PodProblem | None]:
         key = _owner_key(body)
         return {key: pod_problem(body)} if key else {}
@@ -166,14 +166,14 @@ def install(registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconc
             reconciler.topology_changed()
             reconciler.enqueue_all(k for k in resource_of)
 
-    @kopf.on.event(**dss, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY})  # type: ignore[arg-type]
+    @kopf.on.event(**dss, labels=MANAGED)  # type: ignore[arg-type]
     def daemonset_event(body: kopf.Body, **_: Any) -> None:
         key = _owner_key(body)
         if key is not None:
             reconciler.seen_daemonset(key, body["metadata"].get("resourceVersion"))
             reconciler.enqueue(key)
 
-    @kopf.on.event(**pods, labels={names.MANAGED_BY_LABEL: names.MANAGED_BY})  # type: ignore[arg-type]
+    @kopf.on.event(**pods, labels=MANAGED)  # type: ignore[arg-type]
     def pod_event(body: kopf.Body, **_: Any) -> None:
         key = _owner_key(body)
         if key is not None and key in resource_of:

@@ -14,12 +14,12 @@ import logging
 import time
 from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from deviceplane.api.dpc import DevicePluginConfigSpec
+from deviceplane.core.view import rfc3339
 from deviceplane.operator import conflicts as conflict_rules
 from deviceplane.operator.drift import drifted_fields, render_hash
 from deviceplane.operator.kube import ApiException, KubeApi
@@ -59,10 +59,6 @@ def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
         node_selector=spec.nodeSelector,
         tolerations=spec.tolerations,
     )
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 ECHO_TIMEOUT = 5.0  # seconds to wait for the watch to show our own write before trusting the cache again
@@ -194,6 +190,8 @@ class Reconciler:
             invalid = ("InvalidSpec", _validation_message(exc))
             observed = Observed(generation, paused=True, daemonset=live, problem=invalid)
             return await self._write_status(key, body, observed)
+        if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
+            return "unchanged"  # the cache is older than our last write; its watch event brings us back
 
         resolution = self._resolve().get(key, conflict_rules.Resolution(frozenset(), ()))
         problem: tuple[str, str] | None = None
@@ -206,8 +204,6 @@ class Reconciler:
         rendered = render_daemonset(
             Owner(key, str(meta["uid"])), spec, config_hash=config_hash, excluded_nodes=resolution.excluded
         )
-        if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
-            return "unchanged"  # the cache is older than our last write; its watch event brings us back
         changed = False
         if not spec.paused:
             try:
@@ -285,7 +281,7 @@ class Reconciler:
 
     async def _write_status(self, key: ConfigKey, body: Mapping[str, Any], observed: Observed) -> str:
         previous = body.get("status") or {}
-        status = compute_status(observed, previous, now_rfc3339())
+        status = compute_status(observed, previous, rfc3339(time.time()))
         self.statuses[key] = status
         if status == previous:
             return "unchanged"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from deviceplane.api.dpc import MAX_CONFLICT_NODES, ConditionView, ConflictView, DevicePluginConfigStatus
 from deviceplane.operator.conflicts import Conflict
@@ -113,25 +113,16 @@ def _conflict_view(c: Conflict) -> ConflictView:
 
 
 def _conditions(observed: Observed, ds_status: Mapping[str, Any]) -> list[ConditionView]:
-    gen = observed.generation
     ready, progressing = _rollout(observed, ds_status)
-    degraded = _degraded(observed)
-    conflict = _conflict_condition(observed.conflicts)
+    triples: dict[Literal["Ready", "Progressing", "Degraded", "Conflict"], Triple] = {
+        "Ready": ready,
+        "Progressing": progressing,
+        "Degraded": _degraded(observed),
+        "Conflict": _conflict_condition(observed.conflicts),
+    }
     return [
-        ConditionView(type="Ready", status=ready[0], reason=ready[1], message=ready[2], observedGeneration=gen),
-        ConditionView(
-            type="Progressing",
-            status=progressing[0],
-            reason=progressing[1],
-            message=progressing[2],
-            observedGeneration=gen,
-        ),
-        ConditionView(
-            type="Degraded", status=degraded[0], reason=degraded[1], message=degraded[2], observedGeneration=gen
-        ),
-        ConditionView(
-            type="Conflict", status=conflict[0], reason=conflict[1], message=conflict[2], observedGeneration=gen
-        ),
+        ConditionView(type=kind, status=status, reason=reason, message=message, observedGeneration=observed.generation)
+        for kind, (status, reason, message) in triples.items()
     ]
 
 
