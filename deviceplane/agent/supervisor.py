@@ -163,18 +163,15 @@ class Supervisor:
             if not supervised.fault_pending:
                 raise
             supervised.fault_pending = False
-            err: BaseException = InjectedFault("fault injected")
-            log.error(
-                "supervised task failed; restarting it",
-                extra={"task": supervised.name, "error": f"{type(err).__name__}: {err}"},
-                exc_info=True,
-            )
-            return f"{type(err).__name__}: {err}"
+            return _failed(supervised.name, InjectedFault("fault injected"))
         except Exception as err:
-            log.exception(
-                "supervised task failed; restarting it",
-                extra={"task": supervised.name, "error": f"{type(err).__name__}: {err}"},
-            )
-            return f"{type(err).__name__}: {err}"
+            return _failed(supervised.name, err)
         log.error("supervised task ended; restarting it", extra={"task": supervised.name})
         return "ended"
+
+
+def _failed(name: str, err: BaseException) -> str:
+    """Log a task's failure (with the traceback being handled) and say why it stopped."""
+    reason = f"{type(err).__name__}: {err}"
+    log.error("supervised task failed; restarting it", extra={"task": name, "error": reason}, exc_info=True)
+    return reason

@@ -40,6 +40,14 @@ def endpoint_name(resource: str, directory: Path) -> str:
     return name
 
 
+def device_plugin_options(options: PluginOptions) -> pb.DevicePluginOptions:
+    """A plugin's options as the DevicePlugin API states them (in a RegisterRequest, or GetDevicePluginOptions)."""
+    return pb.DevicePluginOptions(
+        pre_start_required=options.pre_start_required,
+        get_preferred_allocation_available=options.get_preferred_allocation_available,
+    )
+
+
 def remove_stale_endpoints(kubelet_dir: Path) -> list[str]:
     """A previous agent's proxy sockets (after SIGKILL nobody removed them)."""
     removed = []
@@ -96,10 +104,7 @@ class ProxyEndpoint:
             version=VERSION,
             endpoint=self.name,
             resource_name=self.resource,
-            options=pb.DevicePluginOptions(
-                pre_start_required=options.pre_start_required,
-                get_preferred_allocation_available=options.get_preferred_allocation_available,
-            ),
+            options=device_plugin_options(options),
         )
         async with grpc.aio.insecure_channel(
             f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import grpc
 
 from deviceplane.agent.plugins.plugin_client import PluginClient
+from deviceplane.agent.proxy.endpoint import device_plugin_options
 from deviceplane.agent.proxy.feed import SnapshotFeed
-from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.typed_grpc import Context
 from deviceplane.core.registry import PluginOptions
 
@@ -88,10 +88,7 @@ class ResourceForwarder:
 
     def _last_options(self) -> bytes:
         options = self._options(self._resource) or PluginOptions()
-        return pb.DevicePluginOptions(
-            pre_start_required=options.pre_start_required,
-            get_preferred_allocation_available=options.get_preferred_allocation_available,
-        ).SerializeToString()
+        return device_plugin_options(options).SerializeToString()
 
     def _record(
         self, method: str, request: bytes, start: float, code: grpc.StatusCode, reached_plugin: bool = True

@@ -62,12 +62,12 @@ def kubelet_view(listed: pr.ListPodResourcesResponse, allocatable: pr.Allocatabl
         containers = []
         for container in pod.containers:
             devices: dict[str, list[str]] = {}
+            holder = AllocatedTo(namespace=pod.namespace, pod=pod.name, container=container.name)
             for entry in container.devices:
                 for device_id in entry.device_ids:
                     devices.setdefault(entry.resource_name, [])
                     if device_id not in devices[entry.resource_name]:
                         devices[entry.resource_name].append(device_id)
-                    holder = AllocatedTo(namespace=pod.namespace, pod=pod.name, container=container.name)
                     view.holders[(entry.resource_name, device_id)] = holder
             containers.append({"name": container.name, "devices": {k: sorted(v) for k, v in devices.items()}})
         view.pods.append(
