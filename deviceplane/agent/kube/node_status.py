@@ -90,14 +90,14 @@ class NodeStatusPublisher:
 
     async def _verify(self) -> None:
         """Read the Node back; if our keys differ from what we wrote, forget the write so the next pass repeats it."""
+        if self._written is None:
+            return  # nothing written to compare with: no need to read the Node
         try:
             node = await off_loop(self.api.get_node, self.node)
         except KubeError as err:
             log.warning("cannot read the node back", extra={"error": str(err)})
             return
         status = (node or {}).get("status") or {}
-        if self._written is None:
-            return
         for field, values in self._written.items():
             seen = status.get(field) or {}
             if any(seen.get(name) != value for name, value in values.items()):
