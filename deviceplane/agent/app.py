@@ -66,6 +66,7 @@ from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_POD_RESOURC
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry
+from deviceplane.core.topology import numa_nodes_problem
 
 if TYPE_CHECKING:
     from deviceplane.agent.kube.client import KubeApi
@@ -76,6 +77,10 @@ __all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 log = logging.getLogger("deviceplane.agent")
 
 REQUIRE_APISERVER_TIMEOUT_SECONDS = 15.0
+
+
+class ConfigError(Exception):
+    """The configuration cannot work on this machine; the agent does not start."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +169,9 @@ class Agent:
 
         # -- admission --------------------------------------------------------------------------------------------
         numa = range(config.numa_nodes) if config.numa_nodes is not None else detect_numa_nodes()
+        problem = numa_nodes_problem(config.topology_policy, len(numa))
+        if problem is not None:
+            raise ConfigError(f"--topology-policy {config.topology_policy} with {len(numa)} NUMA nodes: {problem}")
         parts = AdmissionParts(
             table=self.pods,
             pod_devices=self.pod_devices,
@@ -350,7 +358,7 @@ class Agent:
 async def run_agent(config: AgentConfig) -> int:
     try:
         agent = Agent(config)
-    except KubeError as err:
+    except (KubeError, ConfigError) as err:
         log.error("agent failed to start: %s", err)
         return 1
     stop = asyncio.Event()

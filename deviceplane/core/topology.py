@@ -28,6 +28,18 @@ TOPOLOGY_AFFINITY_MESSAGE = "Resources cannot be allocated with Topology localit
 MAX_NUMA_NODES = 64
 
 
+# Upstream refuses to create a topology manager other than "none" for more NUMA nodes than this (its hint merge is
+# exponential in the node count); the kubelet's policy option max-allowable-numa-nodes raises it, we keep the default.
+MAX_ALLOWABLE_NUMA_NODES = 8
+
+
+def numa_nodes_problem(policy: str, node_count: int) -> str | None:
+    """Upstream NewManager's refusal of a machine with too many NUMA nodes for a topology policy, or None."""
+    if policy != POLICY_NONE and node_count > MAX_ALLOWABLE_NUMA_NODES:
+        return f"unsupported on machines with more than {MAX_ALLOWABLE_NUMA_NODES} NUMA Nodes"
+    return None
+
+
 def mask_of(nodes: Iterable[int]) -> int:
     mask = 0
     for node in nodes:

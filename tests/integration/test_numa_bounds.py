@@ -47,3 +47,26 @@ def test_huge_numa_id_leaves_the_resource_usable(
     plugin.devices(devices)
     wait_for(lambda: agent.healthy())
     assert agent.log().count('"device": "x1"') == 1
+
+
+def test_more_numa_nodes_than_the_kubelet_allows_are_refused_at_start(short_tmp: Path) -> None:
+    """Upstream's topology manager refuses more than 8 NUMA nodes for any policy but none (its hint merge is
+    exponential in the node count); so does the agent, before serving anything, with the kubelet's words."""
+    from tests.integration.test_agent_cluster_mode import run_agent
+
+    result = run_agent(short_tmp, "--standalone", "--topology-policy", "restricted", "--numa-nodes", "9")
+    assert result.returncode == 1, result.stderr
+    expected = "--topology-policy restricted with 9 NUMA nodes: unsupported on machines with more than 8 NUMA Nodes"
+    assert expected in result.stderr, result.stderr
+    assert not (short_tmp / "dp" / "kubelet.sock").exists()  # nothing was served
+
+
+@pytest.mark.parametrize("flags", [("restricted", "8"), ("none", "64")])
+def test_numa_node_counts_the_kubelet_accepts_start(short_tmp: Path, flags: tuple[str, str]) -> None:
+    policy, count = flags
+    agent = AgentProcess(short_tmp, "--topology-policy", policy, "--numa-nodes", count)
+    try:
+        agent.start()
+        assert agent.healthy()
+    finally:
+        agent.stop()
