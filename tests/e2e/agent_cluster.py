@@ -20,6 +20,9 @@ SERVICE_ACCOUNT = "deviceplane-agent"
 DAEMONSET = "deviceplane-agent"
 PROXY_DAEMONSET = "deviceplane-agent-proxy"  # runs on the nodes labelled PROXY_LABEL=proxy
 PROXY_LABEL = "deviceplane.io/agent-mode"
+# The node agents the `node_agent` fixture starts: NodeDevices debounce and plugin grace period.
+AGENT_DEBOUNCE_SECONDS = 1.0
+AGENT_GRACE_SECONDS = 4.0
 CRDS = REPO / "crds"
 MANIFESTS = REPO / "manifests"
 

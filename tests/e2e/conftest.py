@@ -23,9 +23,21 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import free_port
+from tests.support.procs import TestPlugin, free_port
 from tests.support.required import unavailable
 
+from .agent_cluster import (
+    AGENT_DEBOUNCE_SECONDS,
+    AGENT_GRACE_SECONDS,
+    DAEMONSET,
+    NAMESPACE,
+    PROXY_DAEMONSET,
+    PROXY_LABEL,
+    bound_token,
+    daemonset_pod,
+    install,
+    token_kubeconfig,
+)
 from .cluster import (
     AUDIT_SERVICE_ACCOUNT_WRITES,
     CONTROL_PLANE_BINARIES,
@@ -379,3 +391,48 @@ def sim_plugin(procs: Procs) -> Iterator[Callable[..., Proc]]:
     yield start
     for p in started:
         procs.stop(p)
+
+
+# -- the agent in a cluster (test_cluster_agent.py, test_proxy_cluster.py) ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def agent_installed(cluster: Cluster) -> Iterator[Cluster]:
+    """The agent's manifests (RBAC, policy, DaemonSets for the bound tokens), once per module."""
+    install(cluster)
+    yield cluster
+    # The DaemonSets would put a pod on every later test's kwok nodes.
+    for name in (DAEMONSET, PROXY_DAEMONSET):
+        cluster.kubectl("delete", "daemonset", "-n", NAMESPACE, name, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def test_plugins() -> Iterator[Callable[..., TestPlugin]]:
+    started: list[TestPlugin] = []
+
+    def start(plugin_dir: Path, socket: str, devices: list[list[Any]]) -> TestPlugin:
+        plugin = TestPlugin(plugin_dir, socket, devices)
+        started.append(plugin)
+        return plugin
+
+    yield start
+    for plugin in started:
+        plugin.stop()
+
+
+@pytest.fixture
+def node_agent(agent_installed: Cluster, kwok_nodes, deviceplane_agent, short_tmp) -> Callable[..., Any]:
+    """Factory: a kwok node and an agent for it, authenticated with a token bound to the DaemonSet's pod there.
+    `proxy=True`: the node is labelled for the proxy-mode DaemonSet and the token is bound to that one's pod."""
+
+    def start(extra: Sequence[str] = (), proxy: bool = False, **kw: Any) -> tuple[str, Any]:
+        labels = {PROXY_LABEL: "proxy"} if proxy else None
+        (node,) = kwok_nodes(1, prefix="agent", labels=labels)
+        pod = daemonset_pod(agent_installed, node, PROXY_DAEMONSET if proxy else DAEMONSET)
+        token = bound_token(agent_installed, pod)
+        kubeconfig = token_kubeconfig(agent_installed, token, short_tmp("dp-kc") / "agent.kubeconfig")
+        grace, debounce = f"{AGENT_GRACE_SECONDS:g}s", f"{AGENT_DEBOUNCE_SECONDS:g}s"
+        flags = ["--grace-period", grace, "--nodedevices-debounce", debounce, *extra]
+        return node, deviceplane_agent(kubeconfig=kubeconfig, node_name=node, extra=flags, **kw)
+
+    return start

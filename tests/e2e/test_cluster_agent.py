@@ -8,76 +8,29 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support.pods import PodResourcesClient, listed_devices, simple_pod
-from tests.support.procs import TestPlugin
 
 from .agent_cluster import (
-    DAEMONSET,
+    AGENT_DEBOUNCE_SECONDS,
+    AGENT_GRACE_SECONDS,
     NAMESPACE,
-    PROXY_DAEMONSET,
-    PROXY_LABEL,
     Stopwatch,
     api,
     bound_token,
     daemonset_pod,
-    install,
     node_devices,
     node_status,
-    token_kubeconfig,
 )
 from .cluster import Cluster, http_json, http_ok
 from .procs import wait_for
 
 GPU = "example.com/gpu"
 NULL = "squat.ai/null"
-DEBOUNCE = 1.0
-GRACE = 4.0
+DEBOUNCE = AGENT_DEBOUNCE_SECONDS
+GRACE = AGENT_GRACE_SECONDS
 OUTAGE_SECONDS = 30.0
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Iterator[Cluster]:
-    install(cluster)
-    yield cluster
-    # The DaemonSets would put a pod on every later test's kwok nodes.
-    for name in (DAEMONSET, PROXY_DAEMONSET):
-        cluster.kubectl("delete", "daemonset", "-n", NAMESPACE, name, "--ignore-not-found", check=False)
-
-
-@pytest.fixture
-def test_plugins() -> Iterator[Callable[..., TestPlugin]]:
-    started: list[TestPlugin] = []
-
-    def start(plugin_dir: Path, socket: str, devices: list[list[Any]]) -> TestPlugin:
-        plugin = TestPlugin(plugin_dir, socket, devices)
-        started.append(plugin)
-        return plugin
-
-    yield start
-    for plugin in started:
-        plugin.stop()
-
-
-@pytest.fixture
-def node_agent(installed: Cluster, kwok_nodes, deviceplane_agent, short_tmp) -> Callable[..., Any]:
-    """Factory: a kwok node and an agent for it, authenticated with a token bound to the DaemonSet's pod there.
-    `proxy=True`: the node is labelled for the proxy-mode DaemonSet and the token is bound to that one's pod."""
-
-    def start(extra: Sequence[str] = (), proxy: bool = False, **kw: Any) -> tuple[str, Any]:
-        labels = {PROXY_LABEL: "proxy"} if proxy else None
-        (node,) = kwok_nodes(1, prefix="agent", labels=labels)
-        token = bound_token(installed, daemonset_pod(installed, node, PROXY_DAEMONSET if proxy else DAEMONSET))
-        kubeconfig = token_kubeconfig(installed, token, short_tmp("dp-kc") / "agent.kubeconfig")
-        flags = ["--grace-period", f"{GRACE:g}s", "--nodedevices-debounce", f"{DEBOUNCE:g}s", *extra]
-        return node, deviceplane_agent(kubeconfig=kubeconfig, node_name=node, extra=flags, **kw)
-
-    return start
 
 
 def without_nulls(value: Any) -> Any:
@@ -104,8 +57,8 @@ def resources_match(cluster: Cluster, node: str, agent: Any, limit: int | None =
     )
 
 
-def test_node_status_and_nodedevices_follow_the_plugin(installed: Cluster, node_agent, test_plugins) -> None:
-    cluster = installed
+def test_node_status_and_nodedevices_follow_the_plugin(agent_installed: Cluster, node_agent, test_plugins) -> None:
+    cluster = agent_installed
     node, agent = node_agent(extra=["--nodedevices-max-devices", "2"])
     before = node_status(cluster, node)
     plugin = test_plugins(
@@ -191,12 +144,12 @@ def test_node_status_and_nodedevices_follow_the_plugin(installed: Cluster, node_
 
 
 def test_api_pods_generic_device_plugin_events_and_release(
-    installed: Cluster, node_agent, generic_device_plugin, namespace: str
+    agent_installed: Cluster, node_agent, generic_device_plugin, namespace: str
 ) -> None:
     """generic-device-plugin (real, Go) on an agent-run node: its devices reach the Node and NodeDevices, a pod
     created with kubectl is admitted with the plugin's device specs, an over-asking pod gets the kubelet's Warning
     Event, and deleting the pod frees its devices."""
-    cluster = installed
+    cluster = agent_installed
     node, agent = node_agent()
     plugin = generic_device_plugin(agent.plugin_dir)
     procs = [agent.proc, plugin]
@@ -278,8 +231,8 @@ def test_api_pods_generic_device_plugin_events_and_release(
     wait_for("NodeDevices without owners", lambda: not any(owners().values()), procs=procs)
 
 
-def test_bound_token_writes_only_its_own_node(installed: Cluster, kwok_nodes) -> None:
-    cluster = installed
+def test_bound_token_writes_only_its_own_node(agent_installed: Cluster, kwok_nodes) -> None:
+    cluster = agent_installed
     own, other = kwok_nodes(2, prefix="policy")
     token = bound_token(cluster, daemonset_pod(cluster, own))
     smp = "application/strategic-merge-patch+json"
@@ -354,10 +307,10 @@ def test_bound_token_writes_only_its_own_node(installed: Cluster, kwok_nodes) ->
     assert code == 403
 
 
-def test_api_server_outage(installed: Cluster, node_agent, test_plugins, short_tmp) -> None:
+def test_api_server_outage(agent_installed: Cluster, node_agent, test_plugins, short_tmp) -> None:
     """The API server is stopped (SIGSTOP: connections hang, the worst case) for 30 s while static pods come and
     go: the agent stays up and keeps admitting, then converges with no lost update."""
-    cluster = installed
+    cluster = agent_installed
     manifests = short_tmp("dp-manifests")
     node, agent = node_agent(pod_manifest_dir=manifests)
     plugin = test_plugins(agent.plugin_dir, "gpu.sock", [[f"g{i}", "Healthy"] for i in range(4)])

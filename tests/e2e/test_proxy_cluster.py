@@ -29,7 +29,6 @@ from .agent_cluster import (
 from .cluster import Cluster, http_json, http_ok
 from .conftest import Agent, Harness
 from .procs import Procs, wait_for
-from .test_cluster_agent import installed, node_agent  # noqa: F401  (fixtures)
 from .test_proxy import SIM, admit_app, counts, kubelet_side, metric, proxy_flags, start_sim
 
 DEBOUNCE = 0.2
@@ -92,13 +91,13 @@ def proxied_cluster_node(
 
 
 def test_proxy_mode_publishes_nodedevices_with_the_kubelets_owners_and_health(
-    installed: Cluster,  # noqa: F811
-    node_agent,  # noqa: F811
+    agent_installed: Cluster,
+    node_agent,
     kubelet_harness,
     procs,
     short_tmp,
 ) -> None:
-    env = proxied_cluster_node(installed, node_agent, kubelet_harness, procs, short_tmp)
+    env = proxied_cluster_node(agent_installed, node_agent, kubelet_harness, procs, short_tmp)
     cluster, node, h, agent = env.cluster, env.node, env.harness, env.agent
 
     # A pod admitted by the kubelet: NodeDevices names it as the kubelet's PodResources does.
@@ -155,8 +154,8 @@ def test_proxy_mode_publishes_nodedevices_with_the_kubelets_owners_and_health(
 
 
 def test_agent_restart_never_publishes_held_devices_as_free(
-    installed: Cluster,  # noqa: F811
-    node_agent,  # noqa: F811
+    agent_installed: Cluster,
+    node_agent,
     kubelet_harness,
     deviceplane_agent,
     procs,
@@ -164,7 +163,9 @@ def test_agent_restart_never_publishes_held_devices_as_free(
 ) -> None:
     """Kill -9 and restart the agent while a pod holds a device: NodeDevices keeps naming the holder throughout (the
     restarted agent publishes once it has the kubelet's owners, not an empty ownership before)."""
-    env = proxied_cluster_node(installed, node_agent, kubelet_harness, procs, short_tmp, debounce=RESTART_DEBOUNCE)
+    env = proxied_cluster_node(
+        agent_installed, node_agent, kubelet_harness, procs, short_tmp, debounce=RESTART_DEBOUNCE
+    )
     (device_id,) = admit_app(env.harness, "holder", SIM, 1)["containers"][0]["devices"][SIM]
     owner = env.owner_of(device_id)
     wait_for("the owner in NodeDevices", lambda: env.published_owner(device_id) == owner, procs=[env.agent.proc])
