@@ -1,28 +1,42 @@
 """Added latency per Allocate through the proxy (issue 12 target: p99 < 1 ms on this machine).
 
-The agent runs in proxy mode as its own process; the sim plugin (`deviceplane plugin sim`) registers with it. This
-process plays the kubelet: it calls Allocate with the same request on the plugin's own socket (direct) and on the
-proxy endpoint the agent serves in the "kubelet" directory (proxied), interleaved so that load from other work on the
-machine hits both alike. Added latency = proxied - direct, reported as the difference of the percentiles and as the
-percentiles of the per-pair differences.
+The agent runs in proxy mode as its own process and a device plugin registers with it: the upstream
+sample-device-plugin (Go, `--plugin sample`; needs root: it runs in a private mount namespace, as in the e2e
+tests) and/or our sim plugin (Python, `--plugin sim`). A client plays the kubelet: it calls Allocate with the same
+request on the plugin's own socket (direct), through a bare grpc.aio forwarder, and through the proxy endpoint the
+agent serves in the "kubelet" directory (proxied) - one call on each per round, rotating which goes first, so load
+from other work on the machine hits all alike. The client is `allocate-bench` (tests/k8s/allocate-bench: grpc-go
+and the kubelet's deviceplugin API, dialled as the kubelet dials a plugin; built by `make k8s-bins`) or, with
+`--client python`, a sync grpc client in this process (it adds its own Python noise on both paths).
 
-For scale, the same calls also go through a bare grpc.aio forwarder (this file with --bare-forwarder: a raw unary
-handler awaiting the plugin, nothing else), the floor any Python proxy pays for the extra hop.
+Added latency = proxied - direct, reported two ways: the difference of the percentiles (p99 of proxied - p99 of
+direct), and the percentiles of the per-round differences (proxied - direct of the same round; its p99 also
+catches a hop that is slow exactly when the plugin is fast). The bare forwarder (this file with --bare-forwarder:
+a raw unary handler awaiting the plugin, nothing else) is the floor any Python gRPC hop pays.
 
-    python benchmarks/proxy.py [--calls 3000] [--devices 2]
+`--against DIR` also runs an agent from another checkout (e.g. `git worktree add /tmp/base main`) with its own
+plugin instance, in the same rounds: an A/B of two proxy versions under the same load.
+
+    python benchmarks/proxy.py [--plugin sample|sim|both] [--client go|python] [--calls 3000] [--against DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -31,9 +45,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from tests.support.procs import AgentProcess, child_env, wait_for
+from tests.e2e.cluster import bin_dir
+from tests.support.procs import free_port, wait_for
 
-RESOURCE = "example.com/sim"
+ROOT = Path(__file__).resolve().parents[1]
+KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # hard-coded in sample-device-plugin
+
+
+@dataclass(frozen=True)
+class Plugin:
+    label: str
+    resource: str
+    devices: list[str]  # every device it serves
+
+
+PLUGINS = {
+    "sample": Plugin("upstream sample-device-plugin (Go)", "example.com/resource", ["Dev-1", "Dev-2"]),
+    "sim": Plugin("sim plugin (Python)", "example.com/sim", [f"sim-{i}" for i in range(8)]),
+}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -41,10 +70,79 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def allocate_call(socket: Path) -> tuple[grpc.Channel, grpc.UnaryUnaryMultiCallable]:
-    channel = grpc.insecure_channel(f"unix://{socket}")
-    grpc.channel_ready_future(channel).result(timeout=10)
-    return channel, channel.unary_unary("/v1beta1.DevicePlugin/Allocate")
+class Children:
+    """Every process this benchmark starts, each in its own session; all killed at exit."""
+
+    def __init__(self) -> None:
+        self._started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, argv: list[str], root: Path = ROOT, log: Path | None = None) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
+        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=root, start_new_session=True)
+        self._started.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in self._started:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self._started:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def start_agent(children: Children, work: Path, root: Path) -> Path:
+    """An agent in proxy mode from checkout `root`; returns its proxy endpoint directory (the "kubelet" dir)."""
+    kubelet_dir, plugin_dir = work / "k", work / "p"
+    for d in (kubelet_dir, plugin_dir):
+        d.mkdir(parents=True)
+    port = free_port()
+    children.start(
+        [sys.executable, "-m", "deviceplane", "agent", "--standalone", "--mode", "proxy",
+         "--plugin-dir", str(plugin_dir), "--kubelet-dir", str(kubelet_dir),
+         "--kubelet-pod-resources-socket", str(work / "kpr.sock"), "--pod-resources-socket", str(work / "pr.sock"),
+         "--http-addr", f"127.0.0.1:{port}", "--node-name", "bench", "--log-level", "warning"],
+        root=root, log=work / "agent.log",
+    )  # fmt: skip
+
+    def serving() -> bool:
+        # Not /readyz: in proxy mode it also waits for the kubelet's PodResources, which this stand-in lacks.
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as r:
+            return bool(r.read() == b"ok")
+        return False
+
+    wait_for(serving, timeout=30, what=f"agent serving ({work / 'agent.log'})")
+    return kubelet_dir
+
+
+def start_plugin(children: Children, kind: str, plugin_dir: Path, log: Path) -> None:
+    if kind == "sim":
+        children.start(
+            [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", PLUGINS["sim"].resource,
+             "--count", "8", "--plugin-dir", str(plugin_dir), "--no-pre-start"],
+            log=log,
+        )  # fmt: skip
+        return
+    # sample-device-plugin dials the hard-coded /var/lib/kubelet/device-plugins/kubelet.sock: a private mount
+    # namespace with plugin_dir bind-mounted there (as the e2e fixture does).
+    exe = bin_dir() / "sample-device-plugin"
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        raise SystemExit("--plugin sample needs root and util-linux unshare (or use --plugin sim)")
+    KUBELET_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+    script = f'mount --bind "$0" {KUBELET_PLUGIN_DIR} && PLUGIN_SOCK_DIR={KUBELET_PLUGIN_DIR} exec "$1"'
+    children.start(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(plugin_dir), str(exe)],
+                   log=log)  # fmt: skip
+
+
+def plugin_socket(plugin_dir: Path) -> Path:
+    ours = ("kubelet.sock", "deviceplane")
+    sockets = [p for p in plugin_dir.iterdir() if p.is_socket() and not p.name.startswith(ours)]
+    assert len(sockets) == 1, sockets
+    return sockets[0]
 
 
 async def bare_forwarder(plugin_socket: str, socket: str) -> None:
@@ -66,90 +164,119 @@ async def bare_forwarder(plugin_socket: str, socket: str) -> None:
     await server.wait_for_termination()
 
 
+def go_client(sockets: list[Path], devices: list[str], calls: int) -> list[list[float]]:
+    exe = bin_dir() / "allocate-bench"
+    if not os.access(exe, os.X_OK):
+        raise SystemExit(f"{exe} missing: run `make k8s-bins` (or use --client python)")
+    argv = [str(exe), "--devices", ",".join(devices), "--calls", str(calls)]
+    for socket in sockets:
+        argv += ["--socket", str(socket)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"allocate-bench failed: {out.stderr.strip()}")
+    times: list[list[float]] = json.loads(out.stdout)["ms"]
+    return times
+
+
+def python_client(sockets: list[Path], devices: list[str], calls: int) -> list[list[float]]:
+    request = pb.AllocateRequest(
+        container_requests=[pb.ContainerAllocateRequest(devices_ids=devices)]
+    ).SerializeToString()
+    channels = [grpc.insecure_channel(f"unix://{s}") for s in sockets]
+    try:
+        for channel in channels:
+            grpc.channel_ready_future(channel).result(timeout=10)
+        allocate = [c.unary_unary("/v1beta1.DevicePlugin/Allocate") for c in channels]
+        for _ in range(200):  # warm-up: connections, caches; and every path answers the same bytes
+            assert len({call(request, timeout=10) for call in allocate}) == 1
+        times: list[list[float]] = [[0.0] * calls for _ in sockets]
+        for round_ in range(calls):
+            for k in range(len(allocate)):
+                i = (round_ + k) % len(allocate)
+                t0 = time.perf_counter()
+                allocate[i](request, timeout=10)
+                times[i][round_] = (time.perf_counter() - t0) * 1e3
+        return times
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+@contextlib.contextmanager
+def setup(kind: str, against: Path | None) -> Iterator[dict[str, Path]]:
+    """Agent(s), plugin(s) and the bare forwarder for one plugin kind; yields path name -> socket."""
+    plugin = PLUGINS[kind]
+    children = Children()
+    with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp_name:
+        tmp = Path(tmp_name)
+        try:
+            sockets: dict[str, Path] = {}
+            for name, root in (("proxied", ROOT), ("proxied (--against)", against)):
+                if root is None:
+                    continue
+                work = tmp / str(len(sockets))
+                kubelet_dir = start_agent(children, work, root)
+                start_plugin(children, kind, work / "p", work / "plugin.log")
+                proxy_socket = kubelet_dir / endpoint_name(plugin.resource, kubelet_dir)
+                wait_for(proxy_socket.exists, timeout=30, what=f"proxy endpoint ({work})")
+                if not sockets:
+                    sockets["direct"] = plugin_socket(work / "p")
+                    bare = tmp / "bare.sock"
+                    children.start([sys.executable, __file__, "--bare-forwarder", str(sockets["direct"]), str(bare)])
+                    wait_for(bare.exists, timeout=30, what="bare forwarder")
+                    sockets["bare forwarder"] = bare
+                sockets[name] = proxy_socket
+            yield sockets
+        finally:
+            children.stop_all()
+
+
+def report(kind: str, client: str, calls: int, devices: list[str], times: dict[str, list[float]]) -> None:
+    load = os.getloadavg()
+    print(
+        f"Allocate ({len(devices)} devices) on {PLUGINS[kind].label}, client {client}, {calls} rounds"
+        f" (one call per path each); {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    for name, values in times.items():
+        print(
+            f"  {name:20}  p50 {percentile(values, 0.50):.3f} ms  p99 {percentile(values, 0.99):.3f} ms"
+            f"  mean {statistics.fmean(values):.3f} ms"
+        )
+    direct = times["direct"]
+    for name, values in times.items():
+        if name == "direct":
+            continue
+        pairs = [v - d for v, d in zip(values, direct, strict=True)]
+        print(
+            f"  added by {name:20}  percentile difference p50 {percentile(values, 0.5) - percentile(direct, 0.5):.3f}"
+            f" p99 {percentile(values, 0.99) - percentile(direct, 0.99):.3f} ms | per round p50"
+            f" {percentile(pairs, 0.5):.3f} p99 {percentile(pairs, 0.99):.3f} ms"
+        )
+    print("  [target: added p99 < 1 ms]", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=3000, help="Allocate calls each way [3000]")
+    parser.add_argument("--plugin", choices=["sample", "sim", "both"], default="both", help="plugin behind [both]")
+    parser.add_argument("--client", choices=["go", "python"], default="go", help="who plays the kubelet [go]")
+    parser.add_argument("--calls", type=int, default=3000, help="timed rounds [3000]")
     parser.add_argument("--devices", type=int, default=2, help="devices per Allocate [2]")
+    parser.add_argument("--runs", type=int, default=1, help="repeat each measurement [1]")
+    parser.add_argument("--against", type=Path, help="also proxy through an agent from this checkout (A/B)")
     parser.add_argument("--bare-forwarder", nargs=2, metavar=("PLUGIN_SOCKET", "SOCKET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_forwarder:
         asyncio.run(bare_forwarder(*args.bare_forwarder))
         return 0
-
-    with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp_name:
-        tmp = Path(tmp_name)
-        kubelet_dir = tmp / "k"
-        kubelet_dir.mkdir()
-        proxy_socket = kubelet_dir / endpoint_name(RESOURCE, kubelet_dir)
-        agent = AgentProcess(
-            tmp / "agent", "--mode", "proxy", "--kubelet-dir", str(kubelet_dir), "--log-level", "warning",
-            plugin_dir=tmp / "p",
-        ).start(wait=False)  # fmt: skip
-        sim: subprocess.Popen[bytes] | None = None
-        bare: subprocess.Popen[bytes] | None = None
-        try:  # everything started is stopped, also when the agent never gets ready
-            # Not /readyz: in proxy mode it also waits for the kubelet's PodResources, which this stand-in lacks.
-            wait_for(lambda: agent.get_text("/healthz") == "ok", timeout=30, what="agent serving")
-            sim = subprocess.Popen(
-                [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", RESOURCE, "--count", "8",
-                 "--plugin-dir", str(tmp / "p"), "--no-pre-start"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=child_env(), start_new_session=True,
-            )  # fmt: skip
-            wait_for(lambda: proxy_socket.exists(), timeout=30, what="proxy endpoint")
-            (direct_socket,) = [p for p in (tmp / "p").iterdir() if p.name.startswith("example.com_sim")]
-            request = pb.AllocateRequest(
-                container_requests=[pb.ContainerAllocateRequest(devices_ids=[f"sim-{i}" for i in range(args.devices)])]
-            ).SerializeToString()
-            bare_socket = tmp / "bare.sock"
-            bare = subprocess.Popen(
-                [sys.executable, __file__, "--bare-forwarder", str(direct_socket), str(bare_socket)],
-                env=child_env(), start_new_session=True,
-            )  # fmt: skip
-            wait_for(bare_socket.exists, timeout=30, what="bare forwarder")
-            direct_channel, direct = allocate_call(direct_socket)
-            bare_channel, via_bare = allocate_call(bare_socket)
-            proxy_channel, proxied = allocate_call(proxy_socket)
-            for _ in range(200):  # warm-up: connections, caches
-                assert direct(request, timeout=10) == proxied(request, timeout=10) == via_bare(request, timeout=10)
-            times: dict[str, list[float]] = {"direct": [], "bare forwarder": [], "proxied": []}
-            for _ in range(args.calls):
-                for name, call in (("direct", direct), ("bare forwarder", via_bare), ("proxied", proxied)):
-                    t0 = time.perf_counter()
-                    call(request, timeout=10)
-                    times[name].append((time.perf_counter() - t0) * 1e3)
-            for channel in (direct_channel, bare_channel, proxy_channel):
-                channel.close()
-        finally:
-            for child in (sim, bare):
-                if child is not None:
-                    os.killpg(child.pid, signal.SIGKILL)
-                    child.wait()
-            agent.stop()
-
-    times_direct, times_proxied = times["direct"], times["proxied"]
-    diffs = [p - d for p, d in zip(times_proxied, times_direct, strict=True)]
-    load = os.getloadavg()
-    print(f"Allocate ({args.devices} devices), {args.calls} calls each way, interleaved; sim plugin (Python)")
-    print(
-        f"machine: {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-        " (shared with other work: figures are upper bounds)"
-    )
-    for name, values in times.items():
-        print(
-            f"  {name:15}  p50 {percentile(values, 0.50):.3f} ms  p99 {percentile(values, 0.99):.3f} ms"
-            f"  mean {statistics.fmean(values):.3f} ms"
-        )
-    added_p50 = percentile(times_proxied, 0.50) - percentile(times_direct, 0.50)
-    added_p99 = percentile(times_proxied, 0.99) - percentile(times_direct, 0.99)
-    print(f"  added (percentile difference)  p50 {added_p50:.3f} ms  p99 {added_p99:.3f} ms  [target p99 < 1 ms]")
-    print(
-        f"  added (per-pair difference)    p50 {percentile(diffs, 0.50):.3f} ms  p99 {percentile(diffs, 0.99):.3f} ms"
-    )
-    floor_p50 = percentile(times["bare forwarder"], 0.50) - percentile(times_direct, 0.50)
-    floor_p99 = percentile(times["bare forwarder"], 0.99) - percentile(times_direct, 0.99)
-    print(
-        f"  bare grpc.aio forwarder adds    p50 {floor_p50:.3f} ms  p99 {floor_p99:.3f} ms (the floor of a Python hop)"
-    )
+    kinds = ["sample", "sim"] if args.plugin == "both" else [args.plugin]
+    measure = go_client if args.client == "go" else python_client
+    client = "allocate-bench (Go)" if args.client == "go" else "sync grpc (Python)"
+    for kind in kinds:
+        devices = PLUGINS[kind].devices[: args.devices]
+        with setup(kind, args.against) as sockets:
+            for _ in range(args.runs):
+                times = measure(list(sockets.values()), devices, args.calls)
+                report(kind, client, args.calls, devices, dict(zip(sockets, times, strict=True)))
     return 0
 
 
