@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -35,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,8 +77,10 @@ class Children:
     def __init__(self) -> None:
         self._started: list[subprocess.Popen[bytes]] = []
 
-    def start(self, argv: list[str], root: Path = ROOT, log: Path | None = None) -> subprocess.Popen[bytes]:
-        env = dict(os.environ, PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
+    def start(
+        self, argv: list[str], root: Path = ROOT, log: Path | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        env = dict(os.environ, **(env or {}), PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
         out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
         proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=root, start_new_session=True)
         self._started.append(proc)
@@ -95,18 +98,20 @@ class Children:
                 proc.wait()
 
 
-def start_agent(children: Children, work: Path, root: Path) -> Path:
+def start_agent(
+    children: Children, work: Path, root: Path, env: dict[str, str]
+) -> tuple[Path, subprocess.Popen[bytes]]:
     """An agent in proxy mode from checkout `root`; returns its proxy endpoint directory (the "kubelet" dir)."""
     kubelet_dir, plugin_dir = work / "k", work / "p"
     for d in (kubelet_dir, plugin_dir):
         d.mkdir(parents=True)
     port = free_port()
-    children.start(
+    agent = children.start(
         [sys.executable, "-m", "deviceplane", "agent", "--standalone", "--mode", "proxy",
          "--plugin-dir", str(plugin_dir), "--kubelet-dir", str(kubelet_dir),
          "--kubelet-pod-resources-socket", str(work / "kpr.sock"), "--pod-resources-socket", str(work / "pr.sock"),
          "--http-addr", f"127.0.0.1:{port}", "--node-name", "bench", "--log-level", "warning"],
-        root=root, log=work / "agent.log",
+        root=root, log=work / "agent.log", env=env,
     )  # fmt: skip
 
     def serving() -> bool:
@@ -116,17 +121,16 @@ def start_agent(children: Children, work: Path, root: Path) -> Path:
         return False
 
     wait_for(serving, timeout=30, what=f"agent serving ({work / 'agent.log'})")
-    return kubelet_dir
+    return kubelet_dir, agent
 
 
-def start_plugin(children: Children, kind: str, plugin_dir: Path, log: Path) -> None:
+def start_plugin(children: Children, kind: str, plugin_dir: Path, log: Path) -> subprocess.Popen[bytes]:
     if kind == "sim":
-        children.start(
+        return children.start(
             [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", PLUGINS["sim"].resource,
              "--count", "8", "--plugin-dir", str(plugin_dir), "--no-pre-start"],
             log=log,
         )  # fmt: skip
-        return
     # sample-device-plugin dials the hard-coded /var/lib/kubelet/device-plugins/kubelet.sock: a private mount
     # namespace with plugin_dir bind-mounted there (as the e2e fixture does).
     exe = bin_dir() / "sample-device-plugin"
@@ -134,8 +138,9 @@ def start_plugin(children: Children, kind: str, plugin_dir: Path, log: Path) -> 
         raise SystemExit("--plugin sample needs root and util-linux unshare (or use --plugin sim)")
     KUBELET_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
     script = f'mount --bind "$0" {KUBELET_PLUGIN_DIR} && PLUGIN_SOCK_DIR={KUBELET_PLUGIN_DIR} exec "$1"'
-    children.start(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(plugin_dir), str(exe)],
-                   log=log)  # fmt: skip
+    # (unshare and sh exec: the pid is the plugin's)
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(plugin_dir), str(exe)]
+    return children.start(argv, log=log)
 
 
 def plugin_socket(plugin_dir: Path) -> Path:
@@ -202,36 +207,74 @@ def python_client(sockets: list[Path], devices: list[str], calls: int) -> list[l
             channel.close()
 
 
+@dataclass(frozen=True)
+class Route:
+    """One way to the plugin: its socket and the process serving it (whose CPU time is measured)."""
+
+    name: str
+    socket: Path
+    pid: int
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def setup(kind: str, against: Path | None) -> Iterator[dict[str, Path]]:
-    """Agent(s), plugin(s) and the bare forwarder for one plugin kind; yields path name -> socket."""
+def setup(kind: str, against: Path | None, envs: tuple[dict[str, str], dict[str, str]]) -> Iterator[list[Route]]:
+    """Agent(s), plugin(s) and the bare forwarder for one plugin kind."""
     plugin = PLUGINS[kind]
     children = Children()
     with tempfile.TemporaryDirectory(prefix="dpb-", dir="/tmp") as tmp_name:
         tmp = Path(tmp_name)
         try:
-            sockets: dict[str, Path] = {}
-            for name, root in (("proxied", ROOT), ("proxied (--against)", against)):
+            routes: list[Route] = []
+            for name, root, env in (("proxied", ROOT, envs[0]), ("proxied (--against)", against, envs[1])):
                 if root is None:
                     continue
-                work = tmp / str(len(sockets))
-                kubelet_dir = start_agent(children, work, root)
-                start_plugin(children, kind, work / "p", work / "plugin.log")
+                work = tmp / str(len(routes))
+                kubelet_dir, agent = start_agent(children, work, root, env)
+                plugin_proc = start_plugin(children, kind, work / "p", work / "plugin.log")
                 proxy_socket = kubelet_dir / endpoint_name(plugin.resource, kubelet_dir)
                 wait_for(proxy_socket.exists, timeout=30, what=f"proxy endpoint ({work})")
-                if not sockets:
-                    sockets["direct"] = plugin_socket(work / "p")
+                if not routes:
+                    direct = plugin_socket(work / "p")
+                    routes.append(Route("direct", direct, plugin_proc.pid))
                     bare = tmp / "bare.sock"
-                    children.start([sys.executable, __file__, "--bare-forwarder", str(sockets["direct"]), str(bare)])
+                    forwarder = children.start([sys.executable, __file__, "--bare-forwarder", str(direct), str(bare)])
                     wait_for(bare.exists, timeout=30, what="bare forwarder")
-                    sockets["bare forwarder"] = bare
-                sockets[name] = proxy_socket
-            yield sockets
+                    routes.append(Route("bare forwarder", bare, forwarder.pid))
+                routes.append(Route(name, proxy_socket, agent.pid))
+            yield routes
         finally:
             children.stop_all()
 
 
-def report(kind: str, client: str, calls: int, devices: list[str], times: dict[str, list[float]]) -> None:
+def cpu_per_call(
+    routes: list[Route], measure: Callable[[], list[list[float]]], calls: int
+) -> tuple[list[list[float]], list[float]]:
+    """Runs `measure`; returns its times and each route's process CPU ms per call, less what it spends idle (the
+    agent's ticks: proxy reconcile, PodResources polling), measured over 1 s just before."""
+    before = [cpu_seconds(r.pid) for r in routes]
+    idle_start = time.monotonic()
+    time.sleep(1.0)
+    idle = [(cpu_seconds(r.pid) - b) / (time.monotonic() - idle_start) for r, b in zip(routes, before, strict=True)]
+    before = [cpu_seconds(r.pid) for r in routes]
+    start = time.monotonic()
+    times = measure()
+    took = time.monotonic() - start
+    cpu = [
+        max(0.0, cpu_seconds(r.pid) - b - rate * took) * 1e3 / calls
+        for r, b, rate in zip(routes, before, idle, strict=True)
+    ]
+    return times, cpu
+
+
+def report(
+    kind: str, client: str, calls: int, devices: list[str], times: dict[str, list[float]], cpu: dict[str, float]
+) -> None:
     load = os.getloadavg()
     print(
         f"Allocate ({len(devices)} devices) on {PLUGINS[kind].label}, client {client}, {calls} rounds"
@@ -240,7 +283,7 @@ def report(kind: str, client: str, calls: int, devices: list[str], times: dict[s
     for name, values in times.items():
         print(
             f"  {name:20}  p50 {percentile(values, 0.50):.3f} ms  p99 {percentile(values, 0.99):.3f} ms"
-            f"  mean {statistics.fmean(values):.3f} ms"
+            f"  mean {statistics.fmean(values):.3f} ms  | its process: {cpu[name]:.3f} ms CPU per call"
         )
     direct = times["direct"]
     for name, values in times.items():
@@ -263,6 +306,8 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2, help="devices per Allocate [2]")
     parser.add_argument("--runs", type=int, default=1, help="repeat each measurement [1]")
     parser.add_argument("--against", type=Path, help="also proxy through an agent from this checkout (A/B)")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for this checkout's agent")
+    parser.add_argument("--against-env", action="append", default=[], metavar="NAME=VALUE", help="for the other one")
     parser.add_argument("--bare-forwarder", nargs=2, metavar=("PLUGIN_SOCKET", "SOCKET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare_forwarder:
@@ -273,10 +318,19 @@ def main() -> int:
     client = "allocate-bench (Go)" if args.client == "go" else "sync grpc (Python)"
     for kind in kinds:
         devices = PLUGINS[kind].devices[: args.devices]
-        with setup(kind, args.against) as sockets:
+        envs = (dict(e.split("=", 1) for e in args.env), dict(e.split("=", 1) for e in args.against_env))
+        with setup(kind, args.against, envs) as routes:
+            sockets, names = [r.socket for r in routes], [r.name for r in routes]
             for _ in range(args.runs):
-                times = measure(list(sockets.values()), devices, args.calls)
-                report(kind, client, args.calls, devices, dict(zip(sockets, times, strict=True)))
+                times, cpu = cpu_per_call(routes, functools.partial(measure, sockets, devices, args.calls), args.calls)
+                report(
+                    kind,
+                    client,
+                    args.calls,
+                    devices,
+                    dict(zip(names, times, strict=True)),
+                    dict(zip(names, cpu, strict=True)),
+                )
     return 0
 
 
