@@ -14,10 +14,18 @@ direct), and the percentiles of the per-round differences (proxied - direct of t
 catches a hop that is slow exactly when the plugin is fast). The bare forwarder (this file with --bare-forwarder:
 a raw unary handler awaiting the plugin, nothing else) is the floor any Python gRPC hop pays.
 
-`--against DIR` also runs an agent from another checkout (e.g. `git worktree add /tmp/base main`) with its own
-plugin instance, in the same rounds: an A/B of two proxy versions under the same load.
+Each path's process CPU per call is printed too (from /proc, less what the process spends idle over the second
+before): unlike wall-clock latency it barely moves when other work shares the machine, so it is what to compare
+when judging a change.
 
-    python benchmarks/proxy.py [--plugin sample|sim|both] [--client go|python] [--calls 3000] [--against DIR]
+`--against DIR` also runs an agent from another checkout (e.g. `git worktree add /tmp/base main`) with its own
+plugin instance, in the same rounds: an A/B of two proxy versions under the same load (`--against .` with
+`--env`: an A/B of an environment setting). `--env NAME=VALUE` goes to this checkout's agent and the bare
+forwarder, `--against-env` to the other agent; e.g. `--env GRPC_EXPERIMENTS=-event_engine_client,-event_engine_listener`
+(docs/proxy.md, "Latency").
+
+    python benchmarks/proxy.py [--plugin sample|sim|both] [--client go|python] [--calls 3000] [--runs N]
+                               [--against DIR] [--env NAME=VALUE] [--against-env NAME=VALUE]
 """
 
 from __future__ import annotations
@@ -243,7 +251,9 @@ def setup(kind: str, against: Path | None, envs: tuple[dict[str, str], dict[str,
                     direct = plugin_socket(work / "p")
                     routes.append(Route("direct", direct, plugin_proc.pid))
                     bare = tmp / "bare.sock"
-                    forwarder = children.start([sys.executable, __file__, "--bare-forwarder", str(direct), str(bare)])
+                    # With this checkout's agent's environment: the floor under the same grpc settings.
+                    argv = [sys.executable, __file__, "--bare-forwarder", str(direct), str(bare)]
+                    forwarder = children.start(argv, env=env)
                     wait_for(bare.exists, timeout=30, what="bare forwarder")
                     routes.append(Route("bare forwarder", bare, forwarder.pid))
                 routes.append(Route(name, proxy_socket, agent.pid))
@@ -308,7 +318,9 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=2, help="devices per Allocate [2]")
     parser.add_argument("--runs", type=int, default=1, help="repeat each measurement [1]")
     parser.add_argument("--against", type=Path, help="also proxy through an agent from this checkout (A/B)")
-    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="for this checkout's agent")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="for this checkout's agent and the forwarder"
+    )
     parser.add_argument("--against-env", action="append", default=[], metavar="NAME=VALUE", help="for the other one")
     parser.add_argument("--bare-forwarder", nargs=2, metavar=("PLUGIN_SOCKET", "SOCKET"), help=argparse.SUPPRESS)
     args = parser.parse_args()
