@@ -3,16 +3,18 @@
 The agent runs in proxy mode as its own process and a device plugin registers with it: the upstream
 sample-device-plugin (Go, `--plugin sample`; needs root: it runs in a private mount namespace, as in the e2e
 tests) and/or our sim plugin (Python, `--plugin sim`). A client plays the kubelet: it calls Allocate with the same
-request on the plugin's own socket (direct), through a bare grpc.aio forwarder, and through the proxy endpoint the
-agent serves in the "kubelet" directory (proxied) - one call on each per round, rotating which goes first, so load
-from other work on the machine hits all alike. The client is `allocate-bench` (tests/k8s/allocate-bench: grpc-go
-and the kubelet's deviceplugin API, dialled as the kubelet dials a plugin; built by `make k8s-bins`) or, with
-`--client python`, a sync grpc client in this process (it adds its own Python noise on both paths).
+request on the plugin's own socket (direct), through a bare grpc.aio forwarder, through a bare Go forwarder, and
+through the proxy endpoint the agent serves in the "kubelet" directory (proxied) - one call on each per round,
+rotating which goes first, so load from other work on the machine hits all alike. The client is `allocate-bench`
+(tests/k8s/allocate-bench: grpc-go and the kubelet's deviceplugin API, dialled as the kubelet dials a plugin; built
+by `make k8s-bins`) or, with `--client python`, a sync grpc client in this process (it adds its own Python noise on
+every path).
 
 Added latency = proxied - direct, reported two ways: the difference of the percentiles (p99 of proxied - p99 of
 direct), and the percentiles of the per-round differences (proxied - direct of the same round; its p99 also
-catches a hop that is slow exactly when the plugin is fast). The bare forwarder (this file with --bare-forwarder:
-a raw unary handler awaiting the plugin, nothing else) is the floor any Python gRPC hop pays.
+catches a hop that is slow exactly when the plugin is fast). The bare grpc.aio forwarder (this file with
+--bare-forwarder: a raw unary handler awaiting the plugin, nothing else) is the floor any Python gRPC hop pays; the
+bare Go forwarder (`allocate-bench --forward`, grpc-go) what one more hop costs on this machine outside Python.
 
 Each path's process CPU per call is printed too (from /proc, less what the process spends idle over the second
 before): unlike wall-clock latency it barely moves when other work shares the machine, so it is what to compare
@@ -177,10 +179,15 @@ async def bare_forwarder(plugin_socket: str, socket: str) -> None:
     await server.wait_for_termination()
 
 
-def go_client(sockets: list[Path], devices: list[str], calls: int) -> list[list[float]]:
+def go_client_path() -> Path:
     exe = bin_dir() / "allocate-bench"
     if not os.access(exe, os.X_OK):
-        raise SystemExit(f"{exe} missing: run `make k8s-bins` (or use --client python)")
+        raise SystemExit(f"{exe} missing: run `make k8s-bins`")
+    return exe
+
+
+def go_client(sockets: list[Path], devices: list[str], calls: int) -> list[list[float]]:
+    exe = go_client_path()
     argv = [str(exe), "--devices", ",".join(devices), "--calls", str(calls)]
     for socket in sockets:
         argv += ["--socket", str(socket)]
@@ -255,7 +262,11 @@ def setup(kind: str, against: Path | None, envs: tuple[dict[str, str], dict[str,
                     argv = [sys.executable, __file__, "--bare-forwarder", str(direct), str(bare)]
                     forwarder = children.start(argv, env=env)
                     wait_for(bare.exists, timeout=30, what="bare forwarder")
-                    routes.append(Route("bare forwarder", bare, forwarder.pid))
+                    routes.append(Route("bare grpc.aio forwarder", bare, forwarder.pid))
+                    go_bare = tmp / "go-bare.sock"
+                    go = children.start([str(go_client_path()), "--forward", str(direct), "--listen", str(go_bare)])
+                    wait_for(go_bare.exists, timeout=30, what="bare Go forwarder")
+                    routes.append(Route("bare Go forwarder", go_bare, go.pid))
                 routes.append(Route(name, proxy_socket, agent.pid))
             yield routes
         finally:
@@ -294,7 +305,7 @@ def report(
         # The plugin serves every path's call: its CPU is per Allocate it answers.
         process = f"the plugin {cpu[name] / len(times):.3f}" if name == "direct" else f"{cpu[name]:.3f}"
         print(
-            f"  {name:20}  p50 {percentile(values, 0.50):.3f} ms  p99 {percentile(values, 0.99):.3f} ms"
+            f"  {name:24}  p50 {percentile(values, 0.50):.3f} ms  p99 {percentile(values, 0.99):.3f} ms"
             f"  mean {statistics.fmean(values):.3f} ms  | CPU per call: {process} ms"
         )
     direct = times["direct"]
@@ -303,7 +314,7 @@ def report(
             continue
         pairs = [v - d for v, d in zip(values, direct, strict=True)]
         print(
-            f"  added by {name:20}  percentile difference p50 {percentile(values, 0.5) - percentile(direct, 0.5):.3f}"
+            f"  added by {name:24}  percentile difference p50 {percentile(values, 0.5) - percentile(direct, 0.5):.3f}"
             f" p99 {percentile(values, 0.99) - percentile(direct, 0.99):.3f} ms | per round p50"
             f" {percentile(pairs, 0.5):.3f} p99 {percentile(pairs, 0.99):.3f} ms"
         )

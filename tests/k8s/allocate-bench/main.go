@@ -9,6 +9,11 @@
 // Each round calls every socket once, starting from a different one each round (so no socket
 // always goes first); round i of each list is one "pair". Before timing, the warm-up checks that
 // every socket answers the same response bytes.
+//
+//	allocate-bench --forward PLUGIN_SOCKET --listen SOCKET
+//
+// instead serves a bare Go forwarder on SOCKET: Allocate passed to the plugin, nothing else (the
+// cost of one more gRPC hop outside Python, for scale).
 package main
 
 import (
@@ -49,6 +54,32 @@ func dial(path string) (*grpc.ClientConn, error) {
 	)
 }
 
+// forwarder passes Allocate to a plugin; the other RPCs are unimplemented.
+type forwarder struct {
+	pluginapi.UnimplementedDevicePluginServer
+	plugin pluginapi.DevicePluginClient
+}
+
+func (f *forwarder) Allocate(ctx context.Context, request *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+	return f.plugin.Allocate(ctx, request)
+}
+
+func forward(pluginSocket, listen string) {
+	conn, err := dial(pluginSocket)
+	if err != nil {
+		fail("dial %s: %v", pluginSocket, err)
+	}
+	listener, err := net.Listen("unix", listen)
+	if err != nil {
+		fail("listen %s: %v", listen, err)
+	}
+	server := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(server, &forwarder{plugin: pluginapi.NewDevicePluginClient(conn)})
+	if err := server.Serve(listener); err != nil {
+		fail("serve: %v", err)
+	}
+}
+
 func main() {
 	var sockets socketList
 	flag.Var(&sockets, "socket", "a plugin (or proxy) socket to call; repeat for each")
@@ -56,7 +87,13 @@ func main() {
 	calls := flag.Int("calls", 3000, "timed rounds (one call per socket each)")
 	warmup := flag.Int("warmup", 200, "untimed rounds first")
 	timeout := flag.Duration("timeout", 10*time.Second, "deadline of each call")
+	forwardTo := flag.String("forward", "", "serve a bare forwarder to this plugin socket (with --listen)")
+	listen := flag.String("listen", "", "the forwarder's socket")
 	flag.Parse()
+	if *forwardTo != "" {
+		forward(*forwardTo, *listen)
+		return
+	}
 	if len(sockets) == 0 || *devices == "" {
 		fmt.Fprintln(os.Stderr, "allocate-bench: need --socket (one or more) and --devices")
 		os.Exit(2)
