@@ -91,8 +91,8 @@ class Children:
         self, argv: list[str], root: Path = ROOT, log: Path | None = None, env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         env = dict(os.environ, **(env or {}), PYTHONPATH=str(root), PYTHONUNBUFFERED="1")
-        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - the child owns it
-        proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=root, start_new_session=True)
+        with open(log if log else os.devnull, "ab") as out:  # the child keeps its own copy
+            proc = subprocess.Popen(argv, stdout=out, stderr=out, env=env, cwd=root, start_new_session=True)
         self._started.append(proc)
         return proc
 
