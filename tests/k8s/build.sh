@@ -3,7 +3,8 @@
 # shared/spec/k8s-test-env.md): kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, etcd, kwok, the upstream sample-device-plugin,
 # squat/generic-device-plugin (when its pin resolves), our kubelet
-# device-manager harness and our kubelet checkpoint peer; squat/generic-device-plugin
+# device-manager harness, our kubelet checkpoint peer and our Allocate benchmark client
+# (allocate-bench, for benchmarks/proxy.py); squat/generic-device-plugin
 # from its vendored source (see build_gdp below).
 #
 # Binaries go to ${DEVICEPLANE_K8S_CACHE:-~/.cache/deviceplane/k8s}/<k8s-version>-<key>/bin,
@@ -131,11 +132,11 @@ step() { # step <name> <dir> <go build args...>
 minor=$(echo "$k8s_version" | cut -d. -f2)
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=${k8s_version} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
 
-step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness checkpoint-peer)" \
+step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness checkpoint-peer allocate-bench)" \
   "$here" -tags=selinux,notest -ldflags "$k8s_ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness ./checkpoint-peer
+  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness ./checkpoint-peer ./allocate-bench
 step "etcd $etcd_version" "$here/etcd" -ldflags "-s -w" -o "$tmp/etcd" .
 step "kwok $kwok_version" "$here/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s_version#v}" \
@@ -164,6 +165,7 @@ grep -q "etcd Version: ${etcd_version#v}" <<<"$v" || die "etcd --version is not 
   echo "sample-device-plugin k8s.io/kubernetes/test/images/sample-device-plugin@${k8s_version}"
   echo "kubelet-harness deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@${k8s_version})"
   echo "checkpoint-peer deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint@${k8s_version})"
+  echo "allocate-bench deviceplane (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 v0.${k8s_version#v1.}, grpc-go)"
   echo "go ${gov}"
   echo "key ${key}"
 } > "$tmp/VERSIONS"

@@ -7,6 +7,7 @@ Allocate and GetPreferredAllocation, 30 s for PreStartContainer). ListAndWatch s
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -68,33 +69,34 @@ class ResourceForwarder:
         return forward
 
     async def _forward(self, method: str, request: bytes, context: Context) -> bytes:
-        start = time.perf_counter()
         client = self._plugin(self._resource)
         if client is None:
             if method == "GetDevicePluginOptions":
                 # Between a plugin's restart and its re-registration the kubelet may ask (it re-registers us): the
                 # options the plugin last gave are the answer it would give.
                 return self._last_options()
-            self._record(method, request, start, grpc.StatusCode.UNAVAILABLE, reached_plugin=False)
+            self._record(method, request, 0.0, grpc.StatusCode.UNAVAILABLE, False)
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"no device plugin connected for {self._resource}")
         assert client is not None
+        start = time.perf_counter()
         try:
             response = await client.call_raw(method, request, context.time_remaining())
         except grpc.aio.AioRpcError as err:
-            self._record(method, request, start, err.code())
+            self._record(method, request, time.perf_counter() - start, err.code(), True)
             await context.abort(err.code(), err.details() or "")
-        self._record(method, request, start, grpc.StatusCode.OK)
+        # Recorded (metrics, the ownership join) on the loop's next turn: grpc sends the response as soon as this
+        # returns, so the bookkeeping is off the kubelet's critical path.
+        asyncio.get_running_loop().call_soon(
+            self._record, method, request, time.perf_counter() - start, grpc.StatusCode.OK, True
+        )
         return response
 
     def _last_options(self) -> bytes:
         options = self._options(self._resource) or PluginOptions()
         return device_plugin_options(options).SerializeToString()
 
-    def _record(
-        self, method: str, request: bytes, start: float, code: grpc.StatusCode, reached_plugin: bool = True
-    ) -> None:
-        seconds = time.perf_counter() - start
-        self._on_call(ForwardedCall(self._resource, method, request, seconds, code, reached_plugin))
+    def _record(self, method: str, request: bytes, seconds: float, code: grpc.StatusCode, reached: bool) -> None:
+        self._on_call(ForwardedCall(self._resource, method, request, seconds, code, reached))
 
     async def _list_and_watch(self, _request: bytes, _context: Context) -> AsyncIterator[bytes]:
         log.info("kubelet follows ListAndWatch", extra={"resource": self._resource})
