@@ -18,15 +18,8 @@ def waiting_pod(uid: str) -> Pod:
 
 
 async def test_a_given_up_wait_leaves_the_admission_and_a_removal_ends_the_wait(short_tmp: Path) -> None:
-    config = AgentConfig(
-        plugin_dir=short_tmp / "dp",
-        pod_resources_socket=short_tmp / "pr" / "kubelet.sock",
-        node_name="n",
-        grace_period=300,
-        http_addr="127.0.0.1:0",
-        startup_plugin_wait=30,
-    )
-    agent = Agent(config)
+    # plugin dir, PodResources socket, node name, grace period, HTTP address
+    agent = Agent(AgentConfig(short_tmp / "dp", short_tmp / "pr.sock", "n", 300, "127.0.0.1:0", startup_plugin_wait=30))
     await agent.start()
     try:
         runner = agent.admission
