@@ -31,6 +31,7 @@ import os
 import platform
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,7 @@ class Side:
         self.work = work
         self.plugin_dir = work / "plugins"
         self.port = free_port()
+        self.admit_port = self.port  # where admit_path and remove_path are served
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = work / f"{self.name}.log"
 
@@ -121,10 +123,20 @@ class AgentSide(Side):
     name = "deviceplane"
     admit_path = "/debug/v1/admit"
     remove_path = "/debug/v1/remove"
-    entry = "HTTP POST /debug/v1/admit (aiohttp, `--debug-admit-api`)"
+    entry = "HTTP POST /debug/v1/admit (asyncio.Protocol HTTP/1.1 on its own port, `--debug-admit-api`)"
+
+    def __init__(self, work: Path) -> None:
+        super().__init__(work)
+        self.admit_port = free_port()
+
+    def start(self) -> None:
+        super().start()
+        # the admit endpoint opens once admission has started, just after /healthz answers
+        wait(lambda: socket.create_connection(("127.0.0.1", self.admit_port), 1).close() is None, 30, "admit port")
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "deviceplane", "agent", "--standalone", "--debug-admit-api",
+        return [sys.executable, "-m", "deviceplane", "agent", "--standalone",
+                "--debug-admit-api", f"127.0.0.1:{self.admit_port}",
                 "--plugin-dir", str(self.plugin_dir), "--pod-resources-socket", str(self.work / "pr.sock"),
                 "--http-addr", f"127.0.0.1:{self.port}", "--node-name", "bench", "--numa-nodes", "2",
                 "--startup-plugin-wait", "0", "--log-level", "warning"]  # fmt: skip
@@ -235,7 +247,7 @@ def admit_many(side: Side, prefix: str, resource: str, count: int, workers: int)
     cell = Cell()
 
     def worker() -> None:
-        client = Client(side.port)
+        client = Client(side.admit_port)
         try:
             while True:
                 with lock:
@@ -260,7 +272,7 @@ def admit_many(side: Side, prefix: str, resource: str, count: int, workers: int)
 
 
 def remove_many(side: Side, prefix: str, count: int) -> list[float]:
-    client = Client(side.port)
+    client = Client(side.admit_port)
     try:
         return [client.post(side.remove_path, {"uid": f"{prefix}-{i}"})[0] for i in range(count)]
     finally:

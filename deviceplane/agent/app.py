@@ -106,8 +106,8 @@ class AgentConfig:
     require_apiserver: bool = False
     nodedevices_debounce: float = NODEDEVICES_DEBOUNCE_SECONDS
     nodedevices_max_devices: int = NODEDEVICES_MAX_DEVICES
-    # Benchmarking aid (serving/debug_admit.py): an admit endpoint on the loopback HTTP server; agent mode only.
-    debug_admit_api: bool = False
+    # Benchmarking aid (serving/debug_admit.py): "127.0.0.1:PORT" of a loopback admit endpoint; agent mode only.
+    debug_admit_addr: str | None = None
 
 
 class Agent:
@@ -195,7 +195,7 @@ class Agent:
             self.pods.register_source(source.name)
         self._debug_admit = (
             DebugAdmitApi(self.admission, self.allocation_store.durable, config.node_name)
-            if config.debug_admit_api and self.proxy is None
+            if config.debug_admit_addr is not None and self.proxy is None
             else None
         )
         if self._debug_admit is not None:
@@ -296,10 +296,7 @@ class Agent:
             log.info("removed stale sockets", extra={"sockets": removed})
 
         await self.registration.start()
-        debug_routes = self._debug_admit.routes() if self._debug_admit is not None else []
-        app = build_app(
-            self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness, debug_routes
-        )
+        app = build_app(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
         if debug_faults_enabled():
             add_fault_route(app, self.supervisor)
         self._http = await serve(app, self.config.http_addr)
@@ -311,8 +308,9 @@ class Agent:
         if self.proxy is None:  # in proxy mode the kubelet admits pods and serves PodResources
             self.admission.start()
             self._admitting = True
-            if self._debug_admit is not None:
+            if self._debug_admit is not None and self.config.debug_admit_addr is not None:
                 self.admission.synced(DEBUG_SOURCE)  # it has no pods before the first request
+                await self._debug_admit.start(self.config.debug_admit_addr)
             self._pod_resources_server = await serve_pod_resources(
                 self._pod_resources, self.config.pod_resources_socket
             )
@@ -346,6 +344,8 @@ class Agent:
         if self._pod_resources_server is not None:
             await self._pod_resources_server.stop(grace=0.5)
             self._pod_resources_server = None
+        if self._debug_admit is not None:
+            await self._debug_admit.close()
         if self._admitting:
             await self.admission.stop()
         await self.manager.stop()

@@ -126,8 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--debug-admit-api",
-        action="store_true",
-        help="benchmarking aid: POST /debug/v1/admit and /debug/v1/remove on a loopback --http-addr [off]",
+        metavar="127.0.0.1:PORT",
+        help="benchmarking aid: POST /debug/v1/admit and /debug/v1/remove on this loopback address [off]",
     )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
@@ -146,8 +146,14 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("deviceplane agent: --standalone and --require-apiserver exclude each other")
     if args.nodedevices_max_devices < 0:
         raise SystemExit("deviceplane agent: --nodedevices-max-devices must not be negative")
-    if args.debug_admit_api and (args.mode == "proxy" or not is_loopback(args.http_addr)):
-        raise SystemExit("deviceplane agent: --debug-admit-api needs agent mode and a loopback --http-addr")
+    debug_admit = args.debug_admit_api
+    port = debug_admit.rpartition(":")[2] if debug_admit is not None else ""
+    if debug_admit is not None and (
+        args.mode == "proxy" or not is_loopback(debug_admit) or not (port.isascii() and port.isdigit())
+    ):
+        raise SystemExit(
+            "deviceplane agent: --debug-admit-api needs agent mode and a loopback address (127.0.0.1:PORT)"
+        )
     standalone = args.standalone or (args.kubeconfig is None and not in_cluster())
     if standalone and args.require_apiserver:
         raise SystemExit("deviceplane agent: --require-apiserver needs --kubeconfig or an in-cluster config")
@@ -171,6 +177,6 @@ def run(args: argparse.Namespace) -> int:
         require_apiserver=args.require_apiserver,
         nodedevices_debounce=args.nodedevices_debounce,
         nodedevices_max_devices=args.nodedevices_max_devices,
-        debug_admit_api=args.debug_admit_api,
+        debug_admit_addr=args.debug_admit_api,
     )
     return asyncio.run(run_agent(config))

@@ -1,5 +1,6 @@
-"""`--debug-admit-api` (the benchmarking aid of benchmarks/compare.py): off by default, admits through the normal
-admission path when on, refuses bad input, and only listens on a loopback address."""
+"""`--debug-admit-api 127.0.0.1:PORT` (the benchmarking aid of benchmarks/compare.py): off by default, admits
+through the normal admission path when on, refuses bad input, and only listens on a loopback address. Its HTTP server
+(serving/lean_http.py) is fuzzed with raw bytes in tests/fuzz/test_fuzz_debug_admit.py."""
 
 from __future__ import annotations
 
@@ -16,18 +17,19 @@ import pytest
 
 from tests.support.alloc_env import AllocEnv, alloc_env
 from tests.support.pods import devices_of, pods
-from tests.support.procs import AgentProcess, child_env
+from tests.support.procs import AgentProcess, child_env, free_port
 
 RESOURCE = "example.com/sim"
 
 
-def post(agent: AgentProcess, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-    request = urllib.request.Request(agent.url + path, data=body, method="POST")
+def post(port: int, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, dict(json.loads(response.read()))
     except urllib.error.HTTPError as err:
-        return err.code, dict(json.loads(err.read() or b"{}")) if err.code == 400 else {}
+        body = err.read()
+        return err.code, dict(json.loads(body)) if body.startswith(b"{") else {}
 
 
 def pod(name: str, count: int) -> bytes:
@@ -36,25 +38,30 @@ def pod(name: str, count: int) -> bytes:
 
 
 @pytest.fixture
-def env(short_tmp: Path) -> Iterator[AllocEnv]:
-    with alloc_env(short_tmp, "--debug-admit-api") as e:
+def port() -> int:
+    return free_port()
+
+
+@pytest.fixture
+def env(short_tmp: Path, port: int) -> Iterator[AllocEnv]:
+    with alloc_env(short_tmp, "--debug-admit-api", f"127.0.0.1:{port}") as e:
         e.start_agent()
         e.sim(RESOURCE, 2, 0, "--no-preferred-allocation", "--no-pre-start")
         yield e
 
 
-def test_admit_and_remove_go_through_admission(env: AllocEnv) -> None:
+def test_admit_and_remove_go_through_admission(env: AllocEnv, port: int) -> None:
     agent = env.agent
     assert agent is not None
-    status, answer = post(agent, "/debug/v1/admit", pod("a", 2))
+    status, answer = post(port, "/debug/v1/admit", pod("a", 2))
     assert status == 200 and answer["admitted"] and answer["state"] == "admitted" and answer["durationNs"] > 0
     view = pods(agent)["a"]
     assert view["source"] == "debug-api:uid-a" and devices_of(view, RESOURCE) == {"sim-0", "sim-1"}
     # the devices are held: a second pod fails with upstream's message
-    status, answer = post(agent, "/debug/v1/admit", pod("b", 1))
+    status, answer = post(port, "/debug/v1/admit", pod("b", 1))
     assert status == 200 and not answer["admitted"] and answer["state"] == "failed"
     assert "requested number of devices unavailable" in answer["reason"]
-    status, answer = post(agent, "/debug/v1/remove", json.dumps({"uid": "uid-a"}).encode())
+    status, answer = post(port, "/debug/v1/remove", json.dumps({"uid": "uid-a"}).encode())
     assert status == 200 and answer["removed"] is True
     assert agent.resource(RESOURCE)["allocated"] == 0  # type: ignore[index]
     # the release is journaled before the answer: it survives a kill at once
@@ -63,15 +70,19 @@ def test_admit_and_remove_go_through_admission(env: AllocEnv) -> None:
     assert env.agent is not None and env.agent.resource(RESOURCE)["allocated"] == 0  # type: ignore[index]
 
 
-def test_bad_input_is_refused_and_changes_nothing(env: AllocEnv) -> None:
+def test_bad_input_is_refused_and_changes_nothing(env: AllocEnv, port: int) -> None:
     agent = env.agent
     assert agent is not None
-    for body in (b"{not json", b"[]", json.dumps({"metadata": {"name": "x"}}).encode()):
-        status, answer = post(agent, "/debug/v1/admit", body)
-        assert status == 400 and answer["error"], body
-    status, answer = post(agent, "/debug/v1/remove", b'{"uid": 3}')
+    for body in (b"{not json", b"[]", json.dumps({"metadata": {"name": "x"}}).encode(), b"[" * 100_000):
+        status, answer = post(port, "/debug/v1/admit", body)
+        assert status == 400 and answer["error"], body[:20]
+    status, answer = post(port, "/debug/v1/remove", b'{"uid": 3}')
     assert status == 400
-    status, answer = post(agent, "/debug/v1/remove", json.dumps({"uid": "nobody"}).encode())
+    status, answer = post(port, "/debug/v1/admit", b"x" * (1 << 20 + 1))
+    assert status == 413 and "body larger than" in answer["error"]
+    status, answer = post(port, "/debug/v1/nothing", b"{}")
+    assert status == 404
+    status, answer = post(port, "/debug/v1/remove", json.dumps({"uid": "nobody"}).encode())
     assert status == 200 and answer["removed"] is False
     assert agent.resource(RESOURCE)["allocated"] == 0  # type: ignore[index]
     assert agent.healthy()
@@ -80,14 +91,16 @@ def test_bad_input_is_refused_and_changes_nothing(env: AllocEnv) -> None:
 def test_off_by_default(short_tmp: Path) -> None:
     agent = AgentProcess(short_tmp).start()
     try:
-        status, _ = post(agent, "/debug/v1/admit", pod("a", 1))
+        # neither a route of the aiohttp API nor a listener of its own
+        status, _ = post(agent.port, "/debug/v1/admit", pod("a", 1))
         assert status in (404, 405)
     finally:
         agent.stop()
 
 
-def test_needs_a_loopback_address(short_tmp: Path) -> None:
-    argv = [sys.executable, "-m", "deviceplane", "agent", "--standalone", "--debug-admit-api",
-            "--plugin-dir", str(short_tmp / "dp"), "--http-addr", "0.0.0.0:0"]  # fmt: skip
+@pytest.mark.parametrize("address", ["0.0.0.0:9", "10.1.2.3:9", "127.0.0.1:", "127.0.0.1:x", "127.0.0.1"])
+def test_needs_a_loopback_address(short_tmp: Path, address: str) -> None:
+    argv = [sys.executable, "-m", "deviceplane", "agent", "--standalone", "--debug-admit-api", address,
+            "--plugin-dir", str(short_tmp / "dp")]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
-    assert done.returncode != 0 and "--debug-admit-api needs agent mode and a loopback --http-addr" in done.stderr
+    assert done.returncode != 0 and "--debug-admit-api needs agent mode and a loopback address" in done.stderr

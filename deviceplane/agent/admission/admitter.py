@@ -123,11 +123,12 @@ class Admitter:
         else:
             if self._table.get(pod.uid) is record:
                 record.admitted(outcome.restored)
-                log.info(
-                    "pod admitted",
-                    extra={"pod": pod.key, "uid": pod.uid, "restored": outcome.restored,
-                           "seconds": round(self._clock() - started, 6)},
-                )  # fmt: skip
+                if log.isEnabledFor(logging.INFO):  # skips building the record per admission below info
+                    log.info(
+                        "pod admitted",
+                        extra={"pod": pod.key, "uid": pod.uid, "restored": outcome.restored,
+                               "seconds": round(self._clock() - started, 6)},
+                    )  # fmt: skip
 
     def release(self, uid: str, why: str) -> None:
         """Free everything the pod holds or has reserved (journaled)."""
@@ -202,5 +203,9 @@ class Admitter:
         for why appending them here, after PreStartContainer, keeps the journal's order)."""
         self._commit(pod)
         futures = [self._store.allocated(a) for a in self._pod_devices.allocations(pod.uid)]
+        # Records of one pod are group-committed together, so its last future resolves after the others (the
+        # journal settles groups in order and a group's waiters at once): await that one, not a gather.
         if futures:
-            await asyncio.gather(*futures)
+            await futures[-1]
+            for future in futures[:-1]:
+                future.result()  # already done; raises its write error if it had one

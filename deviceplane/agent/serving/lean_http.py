@@ -1,0 +1,284 @@
+"""A minimal HTTP/1.1 server on asyncio.Protocol for a few POST routes: the debug admit entry (serving/debug_admit.py).
+
+Why not aiohttp: per request it builds a Request, a handler task and a streamed response, ~1 ms of event-loop CPU on
+this machine, which the kubelet harness's Go server does not pay (benchmarks/README.md). Here a request is parsed in
+`data_received` and handed to a callback that answers whenever it is ready (`respond`), with no task of its own.
+
+What it accepts: HTTP/1.0 and 1.1, `POST <path>` with a Content-Length body (no chunked encoding), keep-alive and
+pipelining (answers in request order, one request handled at a time per connection), bounded header and body sizes.
+Anything else gets a JSON `{"error"}` answer: 400 (malformed), 404 (unknown path), 405 (not POST), 413 (body too
+large); after a 400 or 413 the connection is closed, since its framing can no longer be trusted. A route that raises
+answers 500 and is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+log = logging.getLogger("deviceplane.http.lean")
+
+MAX_HEADER_BYTES = 8192
+MAX_BODY_BYTES = 1 << 20
+LINGER_SECONDS = 2.0
+
+# (status, JSON body); a route calls it exactly once per request.
+Respond = Callable[[int, bytes], None]
+Route = Callable[[bytes, Respond], None]
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    413: "Content Too Large",
+    500: "Internal Server Error",
+}
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_DIGITS = re.compile(rb"[0-9]{1,12}")
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
+@dataclass(slots=True, eq=False)
+class _Request:
+    method: bytes
+    path: bytes
+    length: int
+    keep_alive: bool
+
+
+def parse_head(head: bytes) -> _Request:
+    """The request line and headers (without the blank line that ends them)."""
+    bare = head.replace(b"\r\n", b"")
+    if b"\r" in bare or b"\n" in bare or b"\0" in bare:
+        raise BadRequest(400, "bare CR, LF or NUL in the request header")
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1].startswith(b"/"):
+        raise BadRequest(400, "malformed request line")
+    method, target, version = parts
+    if version not in (b"HTTP/1.1", b"HTTP/1.0"):
+        raise BadRequest(400, "only HTTP/1.0 and HTTP/1.1 are served")
+    keep_alive = version == b"HTTP/1.1"
+    length: int | None = None
+    for line in lines[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):  # also refuses obsolete line folding (a leading space)
+            raise BadRequest(400, "malformed header line")
+        name = name.lower()
+        value = value.strip(b" \t")
+        if name == b"content-length":
+            if not _DIGITS.fullmatch(value) or (length is not None and length != int(value)):
+                raise BadRequest(400, "invalid Content-Length")
+            length = int(value)
+        elif name == b"transfer-encoding":
+            raise BadRequest(400, "only Content-Length bodies are accepted, not Transfer-Encoding")
+        elif name == b"connection":
+            tokens = {t.strip() for t in value.lower().split(b",")}
+            if b"close" in tokens:
+                keep_alive = False
+            elif b"keep-alive" in tokens:
+                keep_alive = True
+    path = target.partition(b"?")[0]
+    return _Request(method, path, length or 0, keep_alive)
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(
+        self, routes: dict[bytes, Route], max_header: int, max_body: int, open_transports: set[asyncio.Transport]
+    ) -> None:
+        self._routes = routes
+        self._open = open_transports
+        self._max_header = max_header
+        self._max_body = max_body
+        self._transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._busy: _Request | None = None  # the request a route is answering
+        self._closing = False  # answer what is in flight, then close
+        self._paused = False
+        self._in_next = False
+        self._draining = False  # answered with an error: what the client still sends is discarded until close
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._open.add(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._transport is not None:
+            self._open.discard(self._transport)
+        self._transport = None
+        self._buffer.clear()
+
+    def data_received(self, data: bytes) -> None:
+        if self._draining:
+            return
+        self._buffer += data
+        if self._busy is None:
+            self._next()
+        elif not self._paused and len(self._buffer) > self._max_header + self._max_body and self._transport:
+            self._paused = True  # a pipelining client waits until the request in flight is answered
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._closing = True
+        # False closes the transport; True keeps it open to answer the request in flight.
+        return self._busy is not None and not self._draining
+
+    def _next(self) -> None:
+        """Handle buffered requests until one is in flight, the buffer holds no complete request, or it closes."""
+        if self._in_next:
+            return  # a route answered synchronously: the loop below goes on with the next request
+        self._in_next = True
+        try:
+            self._next_requests()
+        finally:
+            self._in_next = False
+        if self._paused and self._transport is not None and self._busy is None:
+            self._paused = False
+            self._transport.resume_reading()
+
+    def _next_requests(self) -> None:
+        while self._busy is None and self._transport is not None and not self._draining:
+            end = self._buffer.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self._buffer) > self._max_header:
+                    self._fail(400, "request header too large")
+                elif self._closing:
+                    self._close(self._transport)  # nothing (or a partial request) left after the client's EOF
+                return
+            if end > self._max_header:
+                self._fail(400, "request header too large")
+                return
+            try:
+                request = parse_head(bytes(self._buffer[:end]))
+            except BadRequest as err:
+                self._fail(err.status, str(err))
+                return
+            if request.length > self._max_body:
+                self._fail(413, f"body larger than {self._max_body} bytes")
+                return
+            start = end + 4
+            if len(self._buffer) < start + request.length:
+                return  # the body is still coming
+            body = bytes(self._buffer[start : start + request.length])
+            del self._buffer[: start + request.length]
+            self._dispatch(request, body)
+
+    def _dispatch(self, request: _Request, body: bytes) -> None:
+        route = self._routes.get(request.path)
+        self._busy = request
+        if route is None:
+            self._answer(request, 404, error_body("not found"))
+        elif request.method != b"POST":
+            self._answer(request, 405, error_body("only POST is allowed"), b"Allow: POST\r\n")
+        else:
+            answered = False
+
+            def respond(status: int, payload: bytes) -> None:
+                nonlocal answered
+                if not answered:
+                    answered = True
+                    self._answer(request, status, payload)
+
+            try:
+                route(body, respond)
+            except Exception as err:  # a bug in a route answers 500; the server and the agent go on
+                log.exception("debug HTTP route failed")
+                respond(500, error_body(f"internal error: {err}"))
+
+    def _answer(self, request: _Request, status: int, payload: bytes, extra: bytes = b"") -> None:
+        if self._busy is not request:
+            return
+        self._busy = None
+        transport = self._transport
+        if transport is None:
+            return  # the client went away meanwhile
+        close = not request.keep_alive
+        self._write(transport, status, payload, extra + (b"Connection: close\r\n" if close else b""))
+        if close:
+            self._linger(transport)
+        elif self._buffer or self._paused or self._closing:
+            self._next()  # pipelined requests; after the client's EOF, closes once they are answered
+
+    def _fail(self, status: int, message: str) -> None:
+        transport = self._transport
+        if transport is None:
+            return
+        self._write(transport, status, error_body(message), b"Connection: close\r\n")
+        self._linger(transport)
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after an answer that ends the connection. Closing at once while the client is still sending (a body
+        too large, pipelined requests after `Connection: close`) would reset the connection and could lose the
+        answer: stop writing, discard what comes, and close at the client's EOF or after a short linger."""
+        self._draining = True
+        self._buffer.clear()
+        if transport.can_write_eof():
+            transport.write_eof()
+        asyncio.get_running_loop().call_later(LINGER_SECONDS, self._close, transport)
+
+    def _close(self, transport: asyncio.Transport) -> None:
+        if self._transport is not transport:
+            return  # already closed
+        transport.close()
+        self._open.discard(transport)
+        self._transport = None
+        self._buffer.clear()
+
+    @staticmethod
+    def _write(transport: asyncio.Transport, status: int, payload: bytes, extra: bytes) -> None:
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+            status,
+            _REASONS.get(status, "Unknown").encode(),
+            len(payload),
+            extra,
+        )
+        transport.write(head + payload)
+
+
+class LeanHttpServer:
+    """POST routes by path on one address; `start` binds, `close` stops listening and drops the connections."""
+
+    def __init__(
+        self, routes: dict[str, Route], max_header: int = MAX_HEADER_BYTES, max_body: int = MAX_BODY_BYTES
+    ) -> None:
+        self._routes = {path.encode("ascii"): route for path, route in routes.items()}
+        self._max_header = max_header
+        self._max_body = max_body
+        self._server: asyncio.Server | None = None
+        self._transports: set[asyncio.Transport] = set()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._connection, host, port)
+
+    def _connection(self) -> _Connection:
+        return _Connection(self._routes, self._max_header, self._max_body, self._transports)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for transport in list(self._transports):  # idle keep-alive connections too (wait_closed waits for them)
+                transport.close()
+            self._transports.clear()
+            await self._server.wait_closed()
+            self._server = None
