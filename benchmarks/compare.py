@@ -78,6 +78,7 @@ class Side:
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = work / f"{self.name}.log"
+        self._poller: Client | None = None  # capacity polls: one keep-alive connection per side
 
     def start(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -90,7 +91,16 @@ class Side:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
+    def get_json(self, path: str) -> Any:
+        """A GET on the side's one polling connection (polls are sequential: one at a time per side)."""
+        if self._poller is None:
+            self._poller = Client(self.port)
+        return json.loads(self._poller.get(path))
+
     def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.close()
+            self._poller = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -130,7 +140,7 @@ class AgentSide(Side):
                 "--startup-plugin-wait", "0", "--log-level", "warning"]  # fmt: skip
 
     def counts(self, resource: str) -> tuple[int, int] | None:
-        found = json.loads(http_get(self.port, f"/api/v1/devices?resource={resource}&limit=0"))["resources"]
+        found = self.get_json(f"/api/v1/devices?resource={resource}&limit=0")["resources"]
         return (found[0]["capacity"], found[0]["allocatable"]) if found else None
 
 
@@ -150,7 +160,7 @@ class KubeletSide(Side):
 
     def counts(self, resource: str) -> tuple[int, int] | None:
         # /capacity lists every device of every resource: its cost bounds this side's polling resolution.
-        answer = json.loads(http_get(self.port, "/capacity"))
+        answer = self.get_json("/capacity")
         if resource not in answer["capacity"]:
             return None
         return answer["capacity"][resource], answer["allocatable"].get(resource, 0)
@@ -177,6 +187,14 @@ class Client:
         answer = self.conn.getresponse().read()
         return time.perf_counter() - started, json.loads(answer)
 
+    def get(self, path: str) -> bytes:
+        try:
+            self.conn.request("GET", path)
+            return self.conn.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()  # the next request reconnects
+            raise
+
     def close(self) -> None:
         self.conn.close()
 
@@ -184,7 +202,7 @@ class Client:
 def wait(check: Callable[[], Any], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError, KeyError):
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError, KeyError):
             if check():
                 return
         time.sleep(0.02)
@@ -392,7 +410,7 @@ async def poll(side: Side, resource: str, check: Callable[[tuple[int, int]], boo
     raise RuntimeError(f"{side.name}: {resource} not visible in {timeout}s")
 
 
-async def device_phase_async(side: Side, registrations: int) -> dict[str, Any]:
+async def device_phase_async(side: Side, registrations: int, only_registration: bool = False) -> dict[str, Any]:
     servers: list[grpc.aio.Server] = []
     results: dict[str, Any] = {}
     try:
@@ -408,6 +426,8 @@ async def device_phase_async(side: Side, registrations: int) -> dict[str, Any]:
                 await poll(side, resource, lambda c: c == (4, 4))
                 latencies.append(time.perf_counter() - started)
             results["registration"] = statistics.median(latencies)
+            if only_registration:
+                return results
 
             for i in range(10):
                 plugin = await register_big(side.plugin_dir, stub, i, servers)
@@ -431,7 +451,7 @@ async def device_phase_async(side: Side, registrations: int) -> dict[str, Any]:
 def device_phase(side: Side, args: argparse.Namespace) -> dict[str, Any]:
     side.start()
     try:
-        return asyncio.run(device_phase_async(side, args.registrations))
+        return asyncio.run(device_phase_async(side, args.registrations, args.only == "registration"))
     finally:
         side.stop()
 
@@ -657,6 +677,12 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of deviceplane,kubelet")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="[benchmarks/results]")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the agent in concurrent cells into DIR")
+    parser.add_argument(
+        "--only",
+        choices=("admission", "devices", "registration"),
+        help="run one phase (registration: the device phase's Register -> visible part alone); for A/B runs, "
+        "with --out elsewhere",
+    )
     args = parser.parse_args()
     global HELD_LEVELS
     HELD_LEVELS = tuple(sorted({0, min(1000, args.filler), args.filler}))
@@ -678,8 +704,11 @@ def main() -> None:
             order = sides if run % 2 == 0 else sides[::-1]
             for name in order:
                 print(f"run {run}: {name}", flush=True)
-                result = admission_phase(make_side(name, work / f"run{run}-{name}-admit", exe), args, run)
-                result.update(device_phase(make_side(name, work / f"run{run}-{name}-devices", exe), args))
+                result: dict[str, Any] = {}
+                if args.only in (None, "admission"):
+                    result.update(admission_phase(make_side(name, work / f"run{run}-{name}-admit", exe), args, run))
+                if args.only != "admission":
+                    result.update(device_phase(make_side(name, work / f"run{run}-{name}-devices", exe), args))
                 runs[name].append(result)
     finally:
         shutil.rmtree(work, ignore_errors=True)
