@@ -13,11 +13,13 @@ Workloads per side and run (admission phase, then a fresh process for the device
 - the floor: a bare Allocate round trip from this process to the same sim process, and one fdatasync of a
   journal-sized write on the work directory's filesystem;
 - registration -> capacity visible (from our Register call returning), one 10,000-device ListAndWatch snapshot
-  applied (plugin send -> visible), RSS with 10 resources x 10,000 devices.
+  applied (plugin send -> visible), RSS with 10 resources x 10,000 devices; capacity is polled back to back over
+  one keep-alive connection per side.
 
 Writes <out>/compare.md, compare.png and compare.json.
 
     python benchmarks/compare.py [--runs 2] [--pods 100] [--filler 5000] [--profile DIR]
+    python benchmarks/compare.py --runs 6 --only registration --out /tmp/reg   # one part alone, for A/B runs
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Side:
         self.admit_port = self.port  # where admit_path and remove_path are served
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = work / f"{self.name}.log"
+        self._poller: Client | None = None  # capacity polls: one keep-alive connection per side
 
     def start(self) -> None:
         self.work.mkdir(parents=True, exist_ok=True)
@@ -92,7 +95,16 @@ class Side:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
+    def get_json(self, path: str) -> Any:
+        """A GET on the side's one polling connection (polls are sequential: one at a time per side)."""
+        if self._poller is None:
+            self._poller = Client(self.port)
+        return json.loads(self._poller.get(path))
+
     def stop(self) -> None:
+        if self._poller is not None:
+            self._poller.close()
+            self._poller = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -142,7 +154,7 @@ class AgentSide(Side):
                 "--startup-plugin-wait", "0", "--log-level", "warning"]  # fmt: skip
 
     def counts(self, resource: str) -> tuple[int, int] | None:
-        found = json.loads(http_get(self.port, f"/api/v1/devices?resource={resource}&limit=0"))["resources"]
+        found = self.get_json(f"/api/v1/devices?resource={resource}&limit=0")["resources"]
         return (found[0]["capacity"], found[0]["allocatable"]) if found else None
 
 
@@ -162,7 +174,7 @@ class KubeletSide(Side):
 
     def counts(self, resource: str) -> tuple[int, int] | None:
         # /capacity lists every device of every resource: its cost bounds this side's polling resolution.
-        answer = json.loads(http_get(self.port, "/capacity"))
+        answer = self.get_json("/capacity")
         if resource not in answer["capacity"]:
             return None
         return answer["capacity"][resource], answer["allocatable"].get(resource, 0)
@@ -189,6 +201,14 @@ class Client:
         answer = self.conn.getresponse().read()
         return time.perf_counter() - started, json.loads(answer)
 
+    def get(self, path: str) -> bytes:
+        try:
+            self.conn.request("GET", path)
+            return self.conn.getresponse().read()
+        except (OSError, http.client.HTTPException):
+            self.conn.close()  # the next request reconnects
+            raise
+
     def close(self) -> None:
         self.conn.close()
 
@@ -196,7 +216,7 @@ class Client:
 def wait(check: Callable[[], Any], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError, KeyError):
+        with contextlib.suppress(OSError, http.client.HTTPException, ValueError, KeyError):
             if check():
                 return
         time.sleep(0.02)
@@ -404,22 +424,40 @@ async def poll(side: Side, resource: str, check: Callable[[tuple[int, int]], boo
     raise RuntimeError(f"{side.name}: {resource} not visible in {timeout}s")
 
 
-async def device_phase_async(side: Side, registrations: int) -> dict[str, Any]:
+class StampedPlugin(BenchPlugin):
+    """Notes when the side's ListAndWatch reaches the plugin (this process's clock, as the registration timing)."""
+
+    list_and_watch_at: float | None = None
+
+    async def ListAndWatch(self, request, context):  # type: ignore[no-untyped-def]
+        if self.list_and_watch_at is None:
+            self.list_and_watch_at = time.perf_counter()
+        async for response in super().ListAndWatch(request, context):
+            yield response
+
+
+async def device_phase_async(side: Side, registrations: int, only_registration: bool = False) -> dict[str, Any]:
     servers: list[grpc.aio.Server] = []
     results: dict[str, Any] = {}
     try:
         async with grpc.aio.insecure_channel(f"unix://{side.plugin_dir / 'kubelet.sock'}") as channel:
             stub = pb_grpc.RegistrationStub(channel)
-            latencies = []
+            latencies, stream_opened = [], []
             for i in range(registrations):
                 name = f"reg{i}.sock"
-                servers.append(await serve_plugin(side.plugin_dir, name, BenchPlugin(make_devices(4, prefix=f"r{i}"))))
+                plugin = StampedPlugin(make_devices(4, prefix=f"r{i}"))
+                servers.append(await serve_plugin(side.plugin_dir, name, plugin))
                 resource = f"bench.example.com/r{i}"
                 await register(stub, resource, name)
                 started = time.perf_counter()
                 await poll(side, resource, lambda c: c == (4, 4))
                 latencies.append(time.perf_counter() - started)
+                if plugin.list_and_watch_at is not None:  # where the side's part of the time goes: the stream's start
+                    stream_opened.append(plugin.list_and_watch_at - started)
             results["registration"] = statistics.median(latencies)
+            results["registration_stream"] = statistics.median(stream_opened)
+            if only_registration:
+                return results
 
             for i in range(10):
                 plugin = await register_big(side.plugin_dir, stub, i, servers)
@@ -443,7 +481,7 @@ async def device_phase_async(side: Side, registrations: int) -> dict[str, Any]:
 def device_phase(side: Side, args: argparse.Namespace) -> dict[str, Any]:
     side.start()
     try:
-        return asyncio.run(device_phase_async(side, args.registrations))
+        return asyncio.run(device_phase_async(side, args.registrations, args.only == "registration"))
     finally:
         side.stop()
 
@@ -502,6 +540,7 @@ def metrics(concurrency: int) -> list[Metric]:
     out += [
         Metric("release", f"release of one pod, {HELD_LEVELS[-1]:,} held", "ms", 0.05),
         Metric("registration", "Register returned -> capacity visible", "ms", 1.0),
+        Metric("registration_stream", "Register returned -> plugin receives ListAndWatch (part of the above)", "ms"),
         Metric("snapshot", "one 10,000-device ListAndWatch snapshot: send -> visible", "ms"),
         Metric("rss", "RSS, 10 resources x 10,000 devices", "MiB", 1.0),
     ]
@@ -547,7 +586,7 @@ def write_report(out: Path, runs: Runs, info: dict[str, Any], args: argparse.Nam
         "# deviceplane vs the kubelet's device manager",
         "",
         f"Generated by `make compare` (`benchmarks/compare.py --runs {args.runs} --pods {args.pods} "
-        f"--filler {args.filler}`) on {info['date']}.",
+        f"--filler {args.filler}{f' --only {args.only}' if args.only else ''}`) on {info['date']}.",
         "",
         f"- machine: {info['machine']['nproc']} CPUs, {info['machine']['cpu']}, Linux {info['machine']['kernel']}, "
         f"Python {info['machine']['python']}; kubelet harness {info['harness']}",
@@ -564,8 +603,9 @@ def write_report(out: Path, runs: Runs, info: dict[str, Any], args: argparse.Nam
         "last cell)",
         "- release: deviceplane answers once the release record is fdatasync'd; the harness's /remove frees at once "
         "(UpdateAllocatedDevices) and writes no checkpoint",
-        "- visible: polled over HTTP (deviceplane `/api/v1/devices?resource=`, harness `/capacity`, which lists "
-        "every device and so polls more coarsely)",
+        "- visible: polled back to back over one keep-alive HTTP connection per side, same client code (deviceplane "
+        "`/api/v1/devices?resource=R&limit=0`, harness `/capacity`); registration is timed from our Register call "
+        "returning",
         "",
         "| metric | deviceplane | kubelet | ratio dp/kubelet | target |",
         "|---|---|---|---|---|",
@@ -669,6 +709,12 @@ def main() -> None:
     parser.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of deviceplane,kubelet")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results", help="[benchmarks/results]")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy the agent in concurrent cells into DIR")
+    parser.add_argument(
+        "--only",
+        choices=("admission", "devices", "registration"),
+        help="run one phase (registration: the device phase's Register -> visible part alone); for A/B runs, "
+        "with --out elsewhere",
+    )
     args = parser.parse_args()
     global HELD_LEVELS
     HELD_LEVELS = tuple(sorted({0, min(1000, args.filler), args.filler}))
@@ -690,8 +736,11 @@ def main() -> None:
             order = sides if run % 2 == 0 else sides[::-1]
             for name in order:
                 print(f"run {run}: {name}", flush=True)
-                result = admission_phase(make_side(name, work / f"run{run}-{name}-admit", exe), args, run)
-                result.update(device_phase(make_side(name, work / f"run{run}-{name}-devices", exe), args))
+                result: dict[str, Any] = {}
+                if args.only in (None, "admission"):
+                    result.update(admission_phase(make_side(name, work / f"run{run}-{name}-admit", exe), args, run))
+                if args.only != "admission":
+                    result.update(device_phase(make_side(name, work / f"run{run}-{name}-devices", exe), args))
                 runs[name].append(result)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -17,7 +17,7 @@ from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
 
 class DevicePluginStub(Protocol):
     def GetDevicePluginOptions(
-        self, request: pb.Empty, *, timeout: float | None = None
+        self, request: pb.Empty, *, timeout: float | None = None, wait_for_ready: bool | None = None
     ) -> Awaitable[pb.DevicePluginOptions]: ...
 
     def ListAndWatch(self, request: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]: ...

@@ -35,6 +35,23 @@ def test_register_shows_devices_and_options(agent: AgentProcess, plugin_factory:
         ("a", "Healthy", [0]),
         ("b", "Unhealthy", [1]),
     ]
+    # Upstream's order of calls to the plugin: the options, then (after the dial answered Register) the stream.
+    assert plugin.send(cmd="calls")["order"] == ["GetDevicePluginOptions", "ListAndWatch"]
+
+
+def test_refused_list_and_watch_registers_then_disconnects(
+    agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """As upstream, Register answers once the options are in; the stream's refusal then disconnects the plugin."""
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", TWO, "--refuse-stream")
+    assert plugin.register(R) == {"ok": True}
+    res = wait_for(lambda: (r := agent.resource(R)) and not r["plugin"]["connected"] and r, what="disconnected")
+    assert (res["capacity"], res["allocatable"]) == (0, 0), "no list was ever received"
+    assert plugin.send(cmd="calls")["order"] == ["GetDevicePluginOptions", "ListAndWatch"]
+    assert agent.metric("deviceplane_plugin_connected", resource_name=R) == 0.0
+    good = plugin_factory(agent.plugin_dir, "good.sock", TWO)
+    assert good.register(R) == {"ok": True}
+    wait_for(lambda: agent.counts(R) == (2, 2), what="a working plugin for the same resource still registers")
 
 
 def test_registration_server_dir_and_stale_sockets(short_tmp: Path, agent_factory: Callable[..., AgentProcess]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -111,4 +112,63 @@ async def test_dial_failure_and_stopped_plugin(short_tmp: Path, plugin: TestPlug
     plugin.stop()
     with pytest.raises(grpc.aio.AioRpcError):
         await client.allocate(["ADeviceId"], timeout=2)
+    await client.close()
+
+
+# connect() is one GetDevicePluginOptions call that waits for the connection (wait_for_ready) under one deadline.
+# Its failures must read exactly as when it was a separate dial then the call: the dial error when the plugin never
+# became reachable, the options error when it was reachable and did not answer. Both after the whole deadline, once.
+
+
+async def timed_connect_error(client: PluginClient, timeout: float) -> tuple[str, float]:
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(PluginDialError) as info:
+        await client.connect(timeout=timeout)
+    elapsed = asyncio.get_running_loop().time() - started
+    await client.close()
+    return str(info.value), elapsed
+
+
+async def test_options_never_answered_fails_with_the_options_error_after_one_deadline(
+    short_tmp: Path, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    plugin = plugin_factory(short_tmp, "hung.sock", [], "--hang-options")
+    message, elapsed = await timed_connect_error(PluginClient("example.com/res", str(short_tmp / "hung.sock")), 2)
+    assert message == "failed to get device plugin options: Deadline Exceeded"
+    # The whole deadline was waited, and only one: not a dial deadline and then an options deadline.
+    assert 2 <= elapsed < 4
+    assert (await asyncio.to_thread(plugin.send, cmd="calls"))["order"] == ["GetDevicePluginOptions"]
+
+
+@pytest.mark.parametrize("kind", ["missing", "nobody listening", "listens, never speaks"])
+async def test_unreachable_plugin_fails_with_the_dial_error_after_one_deadline(short_tmp: Path, kind: str) -> None:
+    path = short_tmp / "p.sock"
+    sock = socket.socket(socket.AF_UNIX)
+    if kind != "missing":
+        sock.bind(str(path))
+    if kind == "listens, never speaks":
+        sock.listen(16)
+    else:
+        sock.close()
+    try:
+        message, elapsed = await timed_connect_error(PluginClient("example.com/res", str(path)), 1)
+    finally:
+        sock.close()
+    assert message == f"failed to dial device plugin: context deadline exceeded ({path})"
+    assert 1 <= elapsed < 3
+
+
+async def test_refused_list_and_watch_ends_the_stream_without_a_snapshot(
+    short_tmp: Path, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    plugin = plugin_factory(short_tmp, "p.sock", [["a", "Healthy"]], "--refuse-stream")
+    client = PluginClient("example.com/res", str(short_tmp / "p.sock"))
+    assert await client.connect(timeout=5) == PluginOptions()
+    snapshots: list[list[Device]] = []
+    ended: asyncio.Queue[str] = asyncio.Queue()
+    client.start_stream(lambda devices: snapshots.append(list(devices)), ended.put)
+    reason = await asyncio.wait_for(ended.get(), 10)
+    assert reason == "ListAndWatch ended: PERMISSION_DENIED: no ListAndWatch for you"
+    assert snapshots == []
+    assert (await asyncio.to_thread(plugin.send, cmd="calls"))["order"] == ["GetDevicePluginOptions", "ListAndWatch"]
     await client.close()

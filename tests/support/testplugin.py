@@ -1,15 +1,15 @@
 """A device plugin process for agent tests, steered line by line on stdin (JSON), answering on stdout.
 
 It is a real plugin (real gRPC server on a real unix socket, separate process) whose behaviour tests can bend:
-hang in GetDevicePluginOptions, end its stream, push arbitrary snapshots. It deliberately does not use the SDK, so
-the agent is tested against an independent peer.
+hang in GetDevicePluginOptions, refuse ListAndWatch, end its stream, push arbitrary snapshots. It deliberately does
+not use the SDK, so the agent is tested against an independent peer.
 
 Commands (one JSON object per line on stdin; every command is acknowledged with {"ok": ...} on stdout):
   {"cmd": "register", "resource": R, "endpoint": E?, "version": V?}  -> {"ok": true} or {"ok": false, "error": msg}
   {"cmd": "devices", "devices": [[id, health, [numa...]], ...]}       push a ListAndWatch snapshot
   {"cmd": "end-streams"}                                               end every ListAndWatch stream
   {"cmd": "notifications"}                                             -> plugin-watcher NotifyRegistrationStatus calls
-  {"cmd": "calls"}                                                     -> {"ok": true, "calls": {...}}
+  {"cmd": "calls"}                                 -> {"ok": true, "calls": {...}, "order": [options/stream calls]}
   {"cmd": "exit"}
 """
 
@@ -46,9 +46,11 @@ class Plugin(pb_grpc.DevicePluginServicer):
         self.devices = to_proto(json.loads(args.devices))
         self.queues: list[asyncio.Queue[list[pb.Device] | None]] = []
         self.calls: Counter[str] = Counter()
+        self.order: list[str] = []  # GetDevicePluginOptions and ListAndWatch calls, as they arrived
 
     async def GetDevicePluginOptions(self, request, context):
         self.calls["GetDevicePluginOptions"] += 1
+        self.order.append("GetDevicePluginOptions")
         if self.args.hang_options:
             await asyncio.sleep(3600)
         return pb.DevicePluginOptions(
@@ -57,6 +59,9 @@ class Plugin(pb_grpc.DevicePluginServicer):
 
     async def ListAndWatch(self, request, context):
         self.calls["ListAndWatch"] += 1
+        self.order.append("ListAndWatch")
+        if self.args.refuse_stream:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "no ListAndWatch for you")
         queue: asyncio.Queue[list[pb.Device] | None] = asyncio.Queue()
         self.queues.append(queue)
         try:
@@ -138,6 +143,7 @@ async def main() -> None:
     parser.add_argument("--pre-start", action="store_true")
     parser.add_argument("--preferred", action="store_true")
     parser.add_argument("--hang-options", action="store_true")
+    parser.add_argument("--refuse-stream", action="store_true", help="fail every ListAndWatch at once")
     parser.add_argument("--alloc-response", default=None, help="fixed AllocateResponse (proto JSON)")
     parser.add_argument("--preferred-response", default=None, help="fixed PreferredAllocationResponse (proto JSON)")
     parser.add_argument("--watcher-info", default=None, help="JSON PluginInfo: also serve pluginregistration")
@@ -180,7 +186,7 @@ async def main() -> None:
         elif cmd == "notifications":
             reply = {"ok": True, "notifications": watcher.notifications if watcher else []}
         elif cmd == "calls":
-            reply = {"ok": True, "calls": dict(plugin.calls)}
+            reply = {"ok": True, "calls": dict(plugin.calls), "order": plugin.order}
         elif cmd == "exit":
             break
         else:

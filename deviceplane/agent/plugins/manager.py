@@ -103,6 +103,9 @@ class DeviceManager:
         )
         log.info("device plugin registered", extra={"resource": resource, "endpoint": socket_path})
         self._notify(DeviceEvent(resource, DeviceEventKind.CONNECTED))
+        # One loop pass before Register answers, so the ListAndWatch request start_stream created is handed to gRPC
+        # first: the kubelet races its ListAndWatch goroutine against the answer, it never waits for either.
+        await asyncio.sleep(0)
 
     async def deregister(self, resource: str, socket_path: str, reason: str) -> bool:
         client = self._clients.pop((resource, socket_path), None)

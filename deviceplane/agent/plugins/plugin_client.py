@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 
@@ -45,35 +45,48 @@ class PluginClient:
         self._logged: set[tuple[Device, str]] = set()  # snapshot problems already logged
 
     async def connect(self, timeout: float) -> PluginOptions:
-        """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions.
+        """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions, under one deadline.
 
-        The options the plugin sent in RegisterRequest are ignored, as upstream: the plugin is asked.
+        One round, not two: the call waits for the connection itself (wait_for_ready) instead of a separate
+        channel_ready() first, which cost a connectivity-watch round trip per state change. The errors are upstream's
+        and unchanged: a plugin that never became reachable fails the dial, one that connected but did not answer
+        (or broke off) fails GetDevicePluginOptions. The options the plugin sent in RegisterRequest are ignored, as
+        upstream: the plugin is asked.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
         try:
-            await asyncio.wait_for(self._channel.channel_ready(), timeout)
-        except (TimeoutError, grpc.aio.AioRpcError) as err:
-            raise PluginDialError(
-                f"failed to dial device plugin: context deadline exceeded ({self.socket_path})"
-            ) from err
-        try:
-            remaining = max(deadline - loop.time(), 0.001)
-            options = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=remaining)
+            options = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout, wait_for_ready=True)
         except grpc.aio.AioRpcError as err:
+            # Under wait_for_ready, an unreachable plugin is the deadline passing with the channel never READY.
+            connected = self._channel.get_state() == grpc.ChannelConnectivity.READY
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not connected:
+                raise PluginDialError(
+                    f"failed to dial device plugin: context deadline exceeded ({self.socket_path})"
+                ) from err
             raise PluginDialError(f"failed to get device plugin options: {err.details() or err.code().name}") from err
         return PluginOptions(options.pre_start_required, options.get_preferred_allocation_available)
 
     def start_stream(self, on_snapshot: SnapshotCallback, on_end: StreamEndCallback) -> None:
+        """Open ListAndWatch now and read it in a task.
+
+        The call is created here, synchronously, so its request is on its way before the caller returns (the
+        Register answer): the kubelet starts its ListAndWatch goroutine before Register returns too. Nothing waits
+        for the plugin here, so a plugin that sends its first list only once Register has returned still works.
+        """
+        # No deadline, as upstream: the stream lives as long as the plugin does.
+        call = self._stub.ListAndWatch(pb.Empty())
         self._stream_task = asyncio.create_task(
-            self._run_stream(on_snapshot, on_end), name=f"list-and-watch {self.resource} {self.socket_path}"
+            self._run_stream(call, on_snapshot, on_end), name=f"list-and-watch {self.resource} {self.socket_path}"
         )
 
-    async def _run_stream(self, on_snapshot: SnapshotCallback, on_end: StreamEndCallback) -> None:
+    async def _run_stream(
+        self,
+        call: AsyncIterator[pb.ListAndWatchResponse],
+        on_snapshot: SnapshotCallback,
+        on_end: StreamEndCallback,
+    ) -> None:
         reason = "stream ended"
         try:
-            # No deadline, as upstream: the stream lives as long as the plugin does.
-            async for response in self._stub.ListAndWatch(pb.Empty()):
+            async for response in call:
                 if self._on_message is not None:
                     self._on_message(response)
                 on_snapshot(self._checked(devices_from_proto(response.devices)))
