@@ -28,7 +28,6 @@ from deviceplane.core.pod_devices import Allocation, PodDevices, devices_per_num
 from deviceplane.core.registry import Device, DeviceRegistry, Endpoint
 from deviceplane.core.topology import ResourceDevices, has_topology
 
-
 # Allocation sorts the same IDs again and again: cache their keys.
 natural_key = functools.lru_cache(maxsize=1 << 16)(ordering.natural_key)
 
