@@ -255,3 +255,17 @@ def test_index_follows_a_snapshot_and_a_release() -> None:
     allocator.release_pod("h0")
     registry.apply_snapshot(RESOURCES[0], SOCKETS[0], [Device(i, "Healthy") for i in ("10", "9")])
     assert first_free_after(allocator, RESOURCES[0], []) == ("9", "10")
+
+
+def test_a_commit_that_replaces_an_entry_frees_the_devices_it_no_longer_holds() -> None:
+    """Not reachable through admit_pod (a container with an entry needs nothing), so checked here, against the
+    oracle: committing again for a container frees the devices of its previous entry."""
+    worlds = (World(OracleAllocator), World(Allocator))
+    for world in worlds:
+        world.registry.plugin_connected(RESOURCES[0], SOCKETS[0], PluginOptions(), 0)
+        world.registry.apply_snapshot(RESOURCES[0], SOCKETS[0], [Device(f"d{i}", "Healthy") for i in range(4)])
+        world.allocator.commit("p", "c", RESOURCES[0], ("d0", "d1"), pb.ContainerAllocateResponse())
+        assert world.allocator.devices_to_allocate("q", "c", RESOURCES[0], 1) == Chosen(("d2",))
+        world.allocator.commit("p", "c", RESOURCES[0], ("d3",), pb.ContainerAllocateResponse())
+    old, new = (w.allocator.devices_to_allocate("q", "c", RESOURCES[0], 3) for w in worlds)
+    assert new == old == Chosen(("d0", "d1", "d2"))
