@@ -53,8 +53,8 @@ class FreeDevices:
         self._free = {d for d in free if d in order.rank}
         self._heap = sorted(order.rank[d] for d in self._free)  # a sorted list is a heap
         # Plain string order, for GetPreferredAllocation's `available`: kept sorted (bisect, a C memmove per change)
-        # rather than sorted again per question.
-        self._plain = sorted(self._free)
+        # rather than sorted again per question; built on the first question (a plugin without the RPC never asks).
+        self._plain: list[str] | None = None
         self._queued = bytearray(len(order.ids))
         for position in self._heap:
             self._queued[position] = 1
@@ -73,19 +73,23 @@ class FreeDevices:
         if not free:
             if device_id in self._free:
                 self._free.remove(device_id)  # its heap entry goes stale, dropped when it surfaces
-                del self._plain[bisect.bisect_left(self._plain, device_id)]
+                if self._plain is not None:
+                    del self._plain[bisect.bisect_left(self._plain, device_id)]
             return
         position = self._order.rank.get(device_id)
         if position is None or device_id in self._free:
             return
         self._free.add(device_id)
-        bisect.insort(self._plain, device_id)
+        if self._plain is not None:
+            bisect.insort(self._plain, device_id)
         if not self._queued[position]:
             self._queued[position] = 1
             heapq.heappush(self._heap, position)
 
     def plain_sorted(self) -> tuple[str, ...]:
         """Every free device in plain string order (the GetPreferredAllocation request's `available`)."""
+        if self._plain is None:
+            self._plain = sorted(self._free)
         return tuple(self._plain)
 
     def first(self, count: int, skip: Collection[str] = ()) -> list[str]:
