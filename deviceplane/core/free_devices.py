@@ -66,9 +66,6 @@ class FreeDevices:
     def __len__(self) -> int:
         return len(self._free)
 
-    def __contains__(self, device_id: object) -> bool:
-        return device_id in self._free
-
     def update(self, device_id: str, free: bool) -> None:
         if not free:
             if device_id in self._free:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -230,7 +231,8 @@ class Differential(RuleBasedStateMachine):
         assert self.new.pod_devices.entries() == self.old.pod_devices.entries()
 
 
-TestDifferential = Differential.TestCase
+# A long run (DEVICEPLANE_FUZZ=long) takes as long as it takes: no per-test timeout for it.
+TestDifferential = pytest.mark.timeout(0 if LONG else 300)(Differential.TestCase)
 TestDifferential.settings = fuzz_settings(250, 20_000, stateful_step_count=100 if LONG else 40)
 
 
