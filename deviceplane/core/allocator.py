@@ -11,16 +11,15 @@ still has (kubernetes#137534).
 
 from __future__ import annotations
 
-import functools
 import heapq
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.core import ordering
 from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
+from deviceplane.core.free_devices import FreeDevices, NaturalOrder, Rank, natural_key, natural_sorted
 from deviceplane.core.pod_devices import Allocation, PodDevices, devices_per_numa, make_allocation
 from deviceplane.core.registry import Device, DeviceRegistry, Endpoint
 from deviceplane.core.topology import ResourceDevices, has_topology, mask_of
@@ -74,14 +73,6 @@ class Chosen:
 Decision = AskPreferred | Chosen
 
 
-# Allocation sorts the same IDs again and again: cache their keys.
-natural_key = functools.lru_cache(maxsize=1 << 16)(ordering.natural_key)
-
-
-def natural_sorted(ids: Iterable[str]) -> list[str]:
-    return sorted(ids, key=natural_key)
-
-
 def filter_by_affinity(
     affinity: int | None, devices: Mapping[str, Device], available: Collection[str]
 ) -> tuple[set[str], set[str], set[str]]:
@@ -116,26 +107,12 @@ def filter_by_affinity(
     return aligned, unaligned, without
 
 
-class _Rank(dict[str, int]):
-    """Device -> position in natural order; unknown IDs sort last. A dict so that lookups stay in C."""
-
-    def __missing__(self, _key: str) -> int:
-        return len(self)
-
-
-def _rank_of(devices: Iterable[str]) -> _Rank:
-    rank = _Rank()
-    for position, device_id in enumerate(natural_sorted(devices)):
-        rank[device_id] = position
-    return rank
-
-
 @dataclass(slots=True)
 class _Taker:
     """Upstream's take(): walk candidates not yet chosen until `needed` reaches 0."""
 
     needed: int
-    rank: _Rank
+    rank: Rank
     chosen: list[str] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
 
@@ -153,16 +130,31 @@ class _Taker:
         return set(self._seen)
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """What device choice derives from one device snapshot of a resource (the registry replaces the dict)."""
+
+    devices: Mapping[str, Device]
+    order: NaturalOrder
+    has_topology: bool
+
+
 class Allocator:
-    """Devices held (`PodDevices`) plus devices reserved by admissions in flight, and the choice between them."""
+    """Devices held (`PodDevices`) plus devices reserved by admissions in flight, and the choice between them.
+
+    The common request (no init container's devices to reuse, no NUMA affinity to honour) is answered from an index
+    of the free devices per resource, kept current here on every reserve, commit and release. Changes made to
+    `PodDevices` by others (checkpoint load, journal replay) show in its generation and drop the indexes.
+    """
 
     def __init__(self, registry: DeviceRegistry, pod_devices: PodDevices) -> None:
         self._registry = registry
         self._pod_devices = pod_devices
         self._reserved: dict[tuple[str, str, str], tuple[str, ...]] = {}
         self._reserved_refs: dict[str, Counter[str]] = {}
-        # resource -> (the device dict it was computed from, natural-order rank); a snapshot replaces the dict
-        self._ranks: dict[str, tuple[Mapping[str, Device], _Rank]] = {}
+        self._snapshots: dict[str, _Snapshot] = {}
+        self._free: dict[str, FreeDevices] = {}  # built on a resource's first allocation
+        self._synced_generation = pod_devices.generation  # the PodDevices state the indexes reflect
 
     # -- bookkeeping ------------------------------------------------------------------------------------------------
 
@@ -197,6 +189,7 @@ class Allocator:
         chosen = tuple(devices)
         self._reserved[key] = chosen
         self._reserved_refs.setdefault(resource, Counter()).update(chosen)
+        self._refresh(resource, chosen)
 
     def unreserve(self, pod_uid: str, container: str, resource: str) -> None:
         chosen = self._reserved.pop((pod_uid, container, resource), None)
@@ -206,6 +199,7 @@ class Allocator:
             for device_id in chosen:
                 if refs[device_id] <= 0:
                     del refs[device_id]
+            self._refresh(resource, chosen)
 
     def commit(
         self,
@@ -216,27 +210,69 @@ class Allocator:
         response: pb.ContainerAllocateResponse,
     ) -> None:
         """The plugin accepted the allocation: the reservation becomes the container's entry."""
-        per_numa = devices_per_numa(devices, self._registry.devices(resource))
+        self._sync()
+        chosen = tuple(devices)
+        replaced = self._pod_devices.container_devices(pod_uid, container, resource) or ()
+        per_numa = devices_per_numa(chosen, self._registry.devices(resource))
         self._pod_devices.insert(make_allocation(pod_uid, container, resource, per_numa, response))
+        self._synced_generation = self._pod_devices.generation
         self.unreserve(pod_uid, container, resource)
+        self._refresh(resource, (*chosen, *replaced))
 
     def release_pod(self, pod_uid: str) -> list[Allocation]:
         """Forget everything a pod holds or has reserved; returns the entries it held."""
+        self._sync()
         for key in [k for k in self._reserved if k[0] == pod_uid]:
             self.unreserve(*key)
-        return self._pod_devices.remove_pod(pod_uid)
-
-    def _rank(self, resource: str, devices: Mapping[str, Device]) -> _Rank:
-        cached = self._ranks.get(resource)
-        if cached is None or cached[0] is not devices:
-            cached = (devices, _rank_of(devices))
-            self._ranks[resource] = cached
-        return cached[1]
+        removed = self._pod_devices.remove_pod(pod_uid)
+        self._synced_generation = self._pod_devices.generation
+        for allocation in removed:
+            self._refresh(allocation.resource, allocation.device_ids)
+        return removed
 
     def resource_devices(self, resource: str) -> ResourceDevices:
         return ResourceDevices(
             self._registry.devices(resource), self._registry.healthy(resource), self.allocated(resource)
         )
+
+    # -- the free-device index --------------------------------------------------------------------------------------
+
+    def _snapshot(self, resource: str, devices: Mapping[str, Device]) -> _Snapshot:
+        cached = self._snapshots.get(resource)
+        if cached is None or cached.devices is not devices:
+            cached = _Snapshot(devices, NaturalOrder(devices), has_topology(devices))
+            self._snapshots[resource] = cached
+        return cached
+
+    def _sync(self) -> None:
+        """Drop the indexes if someone else changed `PodDevices` since they were last brought up to date."""
+        if self._pod_devices.generation != self._synced_generation:
+            self._free.clear()
+            self._synced_generation = self._pod_devices.generation
+
+    def _free_devices(self, resource: str, order: NaturalOrder, healthy: Set[str]) -> FreeDevices:
+        self._sync()
+        free = self._free.get(resource)
+        if free is None or not free.is_for(order, healthy):
+            taken = self.allocated(resource)
+            free = FreeDevices(order, healthy, (d for d in healthy if d not in taken))
+            self._free[resource] = free
+        return free
+
+    def _is_free(self, resource: str, device_id: str, healthy: Set[str]) -> bool:
+        return (
+            device_id in healthy
+            and not self._pod_devices.holds(resource, device_id)
+            and device_id not in self._reserved_refs.get(resource, ())
+        )
+
+    def _refresh(self, resource: str, device_ids: Iterable[str]) -> None:
+        """Bring the resource's index up to date for devices whose holders or reservations just changed."""
+        free = self._free.get(resource)
+        if free is not None:
+            healthy = self._registry.healthy(resource)
+            for device_id in device_ids:
+                free.update(device_id, self._is_free(resource, device_id, healthy))
 
     # -- the algorithm ----------------------------------------------------------------------------------------------
 
@@ -269,6 +305,8 @@ class Allocator:
         # Upstream step 2 (a container still running while sources are not ready) has no equivalent: restored pods
         # are recognised before allocation (see agent.admission), so this is never asked for one.
         if resource not in self._registry:
+            self._free.pop(resource, None)  # an expired resource's index; a new plugin brings new devices
+            self._snapshots.pop(resource, None)
             raise AllocationError(
                 f"cannot allocate unregistered device {resource}", AllocationResult.UNREGISTERED, resource
             )
@@ -289,26 +327,20 @@ class Allocator:
         if needed == 0:
             return Chosen(())
 
-        taker = _Taker(needed, self._rank(resource, all_devices))
+        snapshot = self._snapshot(resource, all_devices)
+        if not reusable and (affinity is None or not snapshot.has_topology):
+            # One pool, all free devices in natural order (filterByAffinity's "without topology"): from the index.
+            return self._first_free(resource, required, needed, snapshot.order, healthy, preferred)
+        taker = _Taker(needed, snapshot.order.rank)
         if taker.take(reusable):
             return Chosen(tuple(taker.chosen))
         unavailable = self.allocated(resource)
         unavailable |= taker.taken
         available = healthy - unavailable
         if len(available) < taker.needed:
-            raise AllocationError(
-                f"requested number of devices unavailable for {resource}. "
-                f"Requested: {taker.needed}, Available: {len(available)}",
-                AllocationResult.UNAVAILABLE,
-                resource,
-            )
+            raise _unavailable(resource, taker.needed, len(available))
         aligned, unaligned, without = filter_by_affinity(affinity, all_devices, available)
-        endpoint = self._registry.primary_endpoint(resource)
-        offers_preferred = bool(
-            endpoint is not None
-            and endpoint.options is not None
-            and endpoint.options.get_preferred_allocation_available
-        )
+        offers_preferred = self._offers_preferred(resource)
 
         def ask(pool: Collection[str]) -> AskPreferred | None:
             if preferred is not None or not offers_preferred:
@@ -339,6 +371,45 @@ class Allocator:
                 resource,
             )
         return Chosen(tuple(taker.chosen))
+
+    def _first_free(
+        self,
+        resource: str,
+        required: int,
+        needed: int,
+        order: NaturalOrder,
+        healthy: Set[str],
+        preferred: Collection[str] | None,
+    ) -> Decision:
+        """devicesToAllocate's steps 9-12 when nothing is reused and no affinity applies: the preferred devices
+        still free, then the first free ones in natural order. O(request · log devices), except the question to
+        the plugin, which lists every free device."""
+        free = self._free_devices(resource, order, healthy)
+        if len(free) < needed:
+            raise _unavailable(resource, needed, len(free))
+        if preferred is None:
+            if self._offers_preferred(resource):
+                return AskPreferred(free.plain_sorted(), (), required)
+            return Chosen(tuple(free.first(needed)))
+        chosen = free.first_of(preferred, needed)
+        chosen += free.first(needed - len(chosen), skip=chosen)
+        return Chosen(tuple(chosen))
+
+    def _offers_preferred(self, resource: str) -> bool:
+        endpoint = self._registry.primary_endpoint(resource)
+        return bool(
+            endpoint is not None
+            and endpoint.options is not None
+            and endpoint.options.get_preferred_allocation_available
+        )
+
+
+def _unavailable(resource: str, needed: int, available: int) -> AllocationError:
+    return AllocationError(
+        f"requested number of devices unavailable for {resource}. Requested: {needed}, Available: {available}",
+        AllocationResult.UNAVAILABLE,
+        resource,
+    )
 
 
 @dataclass(slots=True)

@@ -184,6 +184,11 @@ class PodDevices:
     def allocated(self, resource: str) -> set[str]:
         return set(self._refs.get(resource, {}))
 
+    def holds(self, resource: str, device_id: str) -> bool:
+        """Whether any entry holds the device."""
+        refs = self._refs.get(resource)
+        return refs is not None and device_id in refs
+
     def allocated_count(self, resource: str) -> int:
         return len(self._refs.get(resource, {}))
 

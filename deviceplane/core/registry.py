@@ -274,7 +274,8 @@ class DeviceRegistry:
         return state.all_devices if state is not None else {}
 
     def healthy(self, resource: str) -> Set[str]:
-        """The healthy IDs, not copied: read them before the next change."""
+        """The healthy IDs, not copied: read them before the next change. Every change replaces the set (never
+        changes it in place), so callers may cache what they derive from it by identity."""
         state = self._resources.get(resource)
         return state.healthy if state is not None else frozenset()
 
