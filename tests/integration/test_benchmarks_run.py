@@ -17,7 +17,9 @@ from tests.support.procs import ROOT, child_env
 @pytest.mark.parametrize(
     ("script", "args", "expected"),
     [
-        ("proxy.py", ["--calls", "30"], "added (percentile difference)"),
+        ("proxy.py", ["--calls", "30"], "added by proxied                   percentile difference"),
+        ("entry_cpu.py", ["--requests", "50", "--pods", "20", "--rounds", "1"], "agent CPU per admit + remove"),
+        ("choice.py", ["--rounds", "1", "--preferred"], "5000 (same)"),
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
     ],
 )
