@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -22,10 +22,8 @@ def build_app(
     metrics: CollectorRegistry,
     health: Callable[[], str | None],
     ready: Callable[[], str | None],
-    extra_routes: Sequence[web.RouteDef] = (),
 ) -> web.Application:
-    """`health`/`ready` return None when fine, else the reason (served with 503); `extra_routes`: opt-in endpoints
-    (`--debug-admit-api`)."""
+    """`health`/`ready` return None when fine, else the reason (served with 503)."""
 
     async def get_devices(request: web.Request) -> web.Response:
         return json_response(devices(request))
@@ -52,7 +50,6 @@ def build_app(
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", probe(health))
     app.router.add_get("/readyz", probe(ready))
-    app.router.add_routes(extra_routes)
     return app
 
 
