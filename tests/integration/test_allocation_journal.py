@@ -159,3 +159,33 @@ async def test_record_buffered_while_the_segment_fills_never_truncates_it(tmp_pa
     await journal.close()
     pods = replayed(tmp_path).pods()
     assert {f"p{i}" for i in range(30)} | {f"q{i}" for i in range(10)} | {"late"} <= set(pods)
+
+
+class FaultyJournal(Journal):
+    """A bug in the write path (a fault no real file produces, hence this subclass): the first write raises."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.failures = 1
+
+    def _write(self, data: bytes) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("injected bug")
+        super()._write(data)
+
+
+async def test_a_bug_in_the_writer_fails_its_group_and_the_writer_lives_on(tmp_path: Path) -> None:
+    journal = FaultyJournal(tmp_path)
+    journal.replay(PodDevices())
+    journal.open()
+    failed = journal.append(alloc_record(alloc("p0", "d0")))
+    try:
+        await asyncio.wait_for(failed, 5)
+    except RuntimeError as err:
+        assert str(err) == "injected bug"
+    else:
+        raise AssertionError("the failed write's waiter was told nothing")
+    await asyncio.wait_for(journal.append(alloc_record(alloc("p1", "d1"))), 5)  # the writer thread is still there
+    await journal.close()
+    assert set(replayed(tmp_path).pods()) == {"p1"}

@@ -309,7 +309,7 @@ class Journal:
 
     def _write_pending(self, seq: int, pending: _Pending) -> None:
         switched = None
-        error: OSError | None = None
+        error: Exception | None = None
         try:
             # Only ever forward: records buffered for a segment that a write filled meanwhile (`_write` moved on)
             # belong in the newer segment; going back would re-create (truncate) the full one.
@@ -321,6 +321,9 @@ class Journal:
                 self.syncs += 1
         except OSError as err:
             error = err
+        except Exception as err:  # a bug: the writer thread must live on, and this group's waiters hear of it
+            log.exception("journal writer failed")
+            error = err
         self._call_loop(self._settle, switched, pending, error)
 
     def _call_loop(self, callback: Any, *args: Any) -> None:
@@ -329,7 +332,7 @@ class Journal:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 loop.call_soon_threadsafe(callback, *args)
 
-    def _settle(self, switched: int | None, pending: _Pending, error: OSError | None) -> None:
+    def _settle(self, switched: int | None, pending: _Pending, error: Exception | None) -> None:
         """On the loop: a group is written (or failed)."""
         if switched is not None:
             self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare, switched + 1))
