@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -35,8 +36,9 @@ def _plugin_view(state: ResourceStatus) -> PluginView:
 def resource_view(
     state: ResourceStatus, capacity: Capacity, holders: Holders, allocated: int, device_limit: int | None = None
 ) -> ResourceView:
-    ids = sorted(state.all_devices)
-    shown = ids if device_limit is None else ids[:device_limit]
+    ids = state.all_devices
+    # Under a limit, the first few in order without sorting them all (limit=0, a count poll, costs nothing per device).
+    shown = heapq.nsmallest(device_limit, ids) if device_limit is not None and device_limit < len(ids) else sorted(ids)
     devices = []
     for device_id in shown:
         device = state.all_devices[device_id]
