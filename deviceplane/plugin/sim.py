@@ -14,6 +14,7 @@ import logging
 import os
 import random
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -29,6 +30,32 @@ NAME = "sim"
 HELP = "simulated devices over NUMA nodes, health steerable at run time"
 MAX_COUNT = 100_000  # one ListAndWatch snapshot must stay under gRPC's default 4 MiB message limit
 RPCS = ("Allocate", "GetPreferredAllocation", "PreStartContainer")
+# Recorded calls kept per RPC: a long-running sim keeps exact counts but only the latest entries (each
+# GetPreferredAllocation entry carries every available ID, so keeping them all grew without bound).
+CALLS_KEPT = 1000
+
+
+class CallLog:
+    """The RPCs the sim answered: exact counts, and the latest `kept` requests per RPC, oldest first."""
+
+    def __init__(self, kept: int = CALLS_KEPT) -> None:
+        self._entries: dict[str, deque[dict[str, Any]]] = {rpc: deque(maxlen=kept) for rpc in RPCS}
+        self._counts = dict.fromkeys(RPCS, 0)
+
+    def add(self, rpc: str, entry: dict[str, Any]) -> None:
+        self._entries[rpc].append(entry)
+        self._counts[rpc] += 1
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def entries(self) -> dict[str, list[dict[str, Any]]]:
+        return {rpc: list(entries) for rpc, entries in self._entries.items()}
+
+    def clear(self) -> None:
+        for entries in self._entries.values():
+            entries.clear()
+        self._counts = dict.fromkeys(RPCS, 0)
 
 
 def _count(text: str) -> int:
@@ -127,7 +154,7 @@ class SimPlugin:
     ) -> None:
         self.numa_of = numa_layout(count, numa)
         self.health = dict.fromkeys(self.numa_of, True)
-        self.calls: dict[str, list[dict[str, Any]]] = {rpc: [] for rpc in RPCS}
+        self.calls = CallLog()
         self.faults: dict[str, Fault] = {}
         self.flap_rate = flap_rate
         self.flips = 0
@@ -157,7 +184,7 @@ class SimPlugin:
 
     def _record(self, rpc: str, **request: Any) -> dict[str, Any]:
         entry = {"time": time.time(), **request}
-        self.calls[rpc].append(entry)
+        self.calls.add(rpc, entry)
         return entry
 
     async def _fault(self, rpc: str) -> None:

@@ -7,7 +7,8 @@
   POST   /devices/{id}/unhealthy         mark one device Unhealthy
   POST   /health   {"sim-0": false, ...} several changes in one ListAndWatch snapshot
   GET    /calls                          {"counts": {rpc: n}, "Allocate": [...], "GetPreferredAllocation": [...],
-                                          "PreStartContainer": [...]} - one entry per container request, in order
+                                          "PreStartContainer": [...]} - one entry per container request, in order;
+                                          counts are exact, entries the latest 1,000 per RPC
   DELETE /calls                          forget recorded calls
   GET    /faults                         injected faults by RPC
   PUT    /faults/{rpc}  {"mode": "fail"|"hang", "message"?, "seconds"?, "times"?}
@@ -94,12 +95,11 @@ async def set_health(request: web.Request) -> web.Response:
 
 async def get_calls(request: web.Request) -> web.Response:
     calls = _sim(request).calls
-    return web.json_response({"counts": {rpc: len(calls[rpc]) for rpc in RPCS}, **calls})
+    return web.json_response({"counts": calls.counts(), **calls.entries()})
 
 
 async def reset_calls(request: web.Request) -> web.Response:
-    for entries in _sim(request).calls.values():
-        entries.clear()
+    _sim(request).calls.clear()
     return web.json_response({"ok": True})
 
 
