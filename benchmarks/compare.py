@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -38,11 +39,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -189,17 +188,10 @@ def http_get(port: int, path: str) -> bytes:
 
 
 class Client:
-    """One keep-alive connection (one per worker thread): the same client code times both sides."""
+    """One keep-alive connection: capacity polls, by the same client code on both sides."""
 
     def __init__(self, port: int) -> None:
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-
-    def post(self, path: str, body: dict[str, Any]) -> tuple[float, dict[str, Any]]:
-        data = json.dumps(body).encode()
-        started = time.perf_counter()
-        self.conn.request("POST", path, data, {"Content-Type": "application/json"})
-        answer = self.conn.getresponse().read()
-        return time.perf_counter() - started, json.loads(answer)
 
     def get(self, path: str) -> bytes:
         try:
@@ -261,42 +253,33 @@ class Cell:
     wall: float = 0.0
 
 
+def load(side: Side, path: str, bodies: list[dict[str, Any]], workers: int) -> tuple[list[float], list[Any], float]:
+    """POST `bodies` to the side through admit-load, the same Go client for both sides (tests/k8s/admit-load, one
+    keep-alive connection per worker): seconds per request, the answers, and the batch's wall time. It runs on one OS
+    thread (GOMAXPROCS=1): idle Go threads spinning for work on the second CPU cost the sides CPU they need."""
+    feed = "".join(json.dumps(body, separators=(",", ":")) + "\n" for body in bodies)
+    url = f"http://127.0.0.1:{side.admit_port}{path}"
+    done = subprocess.run(
+        [str(tool("admit-load")), "--url", url, "--workers", str(workers)],
+        input=feed.encode(), capture_output=True, check=False, env={**os.environ, "GOMAXPROCS": "1"},
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"{side.name}: admit-load failed: {done.stderr.decode(errors='replace').strip()}")
+    result = json.loads(done.stdout)
+    return [ns / 1e9 for ns in result["ns"]], result["answers"], result["wallNs"] / 1e9
+
+
 def admit_many(side: Side, prefix: str, resource: str, count: int, workers: int) -> Cell:
-    pods = [pod(f"{prefix}-{i}", resource) for i in range(count)]
-    lock = threading.Lock()
-    cell = Cell()
-
-    def worker() -> None:
-        client = Client(side.admit_port)
-        try:
-            while True:
-                with lock:
-                    if not pods:
-                        return
-                    body = pods.pop()
-                elapsed, answer = client.post(side.admit_path, body)
-                if not side.admitted(answer):
-                    raise RuntimeError(f"{side.name}: {body['metadata']['uid']} not admitted: {answer}")
-                with lock:
-                    cell.latencies.append(elapsed)
-                    cell.inside.append(answer["durationNs"] / 1e9)
-        finally:
-            client.close()
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        for future in [pool.submit(worker) for _ in range(workers)]:
-            future.result()
-    cell.wall = time.perf_counter() - started
-    return cell
+    bodies = [pod(f"{prefix}-{i}", resource) for i in range(count)]
+    latencies, answers, wall = load(side, side.admit_path, bodies, workers)
+    for body, answer in zip(bodies, answers, strict=True):
+        if not side.admitted(answer):
+            raise RuntimeError(f"{side.name}: {body['metadata']['uid']} not admitted: {answer}")
+    return Cell(latencies, [answer["durationNs"] / 1e9 for answer in answers], wall)
 
 
 def remove_many(side: Side, prefix: str, count: int) -> list[float]:
-    client = Client(side.admit_port)
-    try:
-        return [client.post(side.remove_path, {"uid": f"{prefix}-{i}"})[0] for i in range(count)]
-    finally:
-        client.close()
+    return load(side, side.remove_path, [{"uid": f"{prefix}-{i}"} for i in range(count)], 1)[0]
 
 
 def sim_socket(side: Side, resource: str) -> Path:
@@ -503,11 +486,13 @@ def machine() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu": model, "kernel": platform.release(), "python": platform.python_version()}
 
 
-def harness_exe() -> Path:
+@functools.cache
+def tool(name: str) -> Path:
+    """A binary built by `make k8s-bins` for this checkout (the kubelet harness, admit-load)."""
     out = subprocess.run(
         ["bash", str(ROOT / "tests/k8s/build.sh"), "--print-bin-dir"], capture_output=True, text=True, check=True
     )
-    exe = Path(out.stdout.strip()) / "kubelet-harness"
+    exe = Path(out.stdout.strip()) / name
     if not os.access(exe, os.X_OK):
         raise SystemExit(f"{exe} missing: run `make k8s-bins`")
     return exe
@@ -721,7 +706,8 @@ def main() -> None:
     if args.pods * 4 > MEASURED_DEVICES:
         parser.error(f"--pods: at most {MEASURED_DEVICES // 4} (4 cells per level share each 1,024-device sim)")
     sides = [s for s in args.sides.split(",") if s]
-    exe = harness_exe() if "kubelet" in sides else Path()
+    exe = tool("kubelet-harness") if "kubelet" in sides else Path()
+    tool("admit-load")  # before the first run: a missing binary stops here, not an hour in
     info: dict[str, Any] = {
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": machine(),

@@ -4,11 +4,13 @@ machine, where compare.py's wall-clock latencies swing by 30% or more.
 1. The HTTP entry alone: a server process with one POST route that answers on the next loop step (as the debug
    admit route answers from the admission's done callback), served by aiohttp and by serving/lean_http.py; CPU of
    the server process per request, sequential and 8 concurrent keep-alive clients.
-2. The agent: `deviceplane agent --debug-admit-api` with a 1,024-device sim plugin (Allocate only); CPU of the
-   agent process (all its threads) per admit + remove of a 1-device pod, sequential and 8 concurrent, through the
-   same client code as compare.py.
+2. The agent: `deviceplane agent --debug-admit-api` with a 1,024-device sim plugin (Allocate only, or with
+   --all-rpcs GetPreferredAllocation and PreStartContainer too), 1-device pods admitted through compare.py's load
+   generator (admit-load), sequential and 8 concurrent: admissions/s, and CPU per admission of the agent (all its
+   threads, and its event-loop thread alone), the sim plugin and the load generator. Where a throughput limit comes
+   from on 2 CPUs: these add up to what one admission costs the machine.
 
-    python benchmarks/entry_cpu.py [--requests 5000] [--pods 600] [--rounds 3]
+    python benchmarks/entry_cpu.py [--requests 5000] [--pods 600] [--rounds 3] [--all-rpcs] [--only agent]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncio
 import http.client
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -30,16 +33,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.compare import PLAIN, AgentSide, Client, pod, start_sim, stop_procs, wait  # noqa: E402
+from benchmarks.compare import PLAIN, AgentSide, admit_many, pod, remove_many, start_sim, stop_procs, wait  # noqa: E402
 from tests.support.procs import child_env, free_port  # noqa: E402
 
 BODY = json.dumps(pod("x", PLAIN)).encode()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, all threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of a process (all threads), or of one of its threads."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def serve(kind: str, port: int) -> None:
@@ -118,32 +127,33 @@ def entry_alone(kind: str, requests: int) -> str:
         stop_procs([proc])
 
 
-def agent_cpu(pods: int, run: int) -> str:
+def agent_cpu(pods: int, run: int, all_rpcs: bool) -> str:
     side = AgentSide(Path(tempfile.mkdtemp(prefix="dp-entry-", dir="/tmp")))
     sims = []
-
-    def connection(_: Any) -> Callable[[Any], None]:
-        client = Client(side.admit_port)
-
-        def admit_and_remove(uid: str) -> None:
-            _, answer = client.post(side.admit_path, pod(uid, PLAIN))
-            if not answer.get("admitted"):
-                raise RuntimeError(f"{uid} not admitted: {answer}")
-            client.post(side.remove_path, {"uid": uid})
-
-        return admit_and_remove
-
     try:
         side.start()
         assert side.proc is not None
-        sims.append(start_sim(side, PLAIN, 1024, 2, "--no-preferred-allocation", "--no-pre-start"))
+        pid = side.proc.pid  # the event loop runs in the main thread, whose id is the pid
+        flags = () if all_rpcs else ("--no-preferred-allocation", "--no-pre-start")
+        sims.append(start_sim(side, PLAIN, 1024, 2, *flags))
         wait(lambda: side.counts(PLAIN) == (1024, 1024), 60, "the sim's devices")
+        admit_many(side, f"warm{run}", PLAIN, 200, 8)
+        remove_many(side, f"warm{run}", 200)
         figures = []
         for workers in (1, 8):
-            before = cpu_seconds(side.proc.pid)
-            in_threads([f"r{run}-w{workers}-{i}" for i in range(pods)], workers, connection)
-            figures.append((cpu_seconds(side.proc.pid) - before) / pods * 1e3)
-        return f"agent CPU per admit + remove: sequential {figures[0]:.2f} ms, 8 concurrent {figures[1]:.2f} ms"
+            prefix = f"r{run}-w{workers}"
+            before = (cpu_seconds(pid), cpu_seconds(pid, pid), cpu_seconds(sims[0].pid), children_cpu())
+            cell = admit_many(side, prefix, PLAIN, pods, workers)
+            after = (cpu_seconds(pid), cpu_seconds(pid, pid), cpu_seconds(sims[0].pid), children_cpu())
+            remove_many(side, prefix, pods)
+            agent, loop, sim, client = ((a - b) / pods * 1e6 for a, b in zip(after, before, strict=True))
+            how = "sequential" if workers == 1 else f"{workers} concurrent"
+            figures.append(
+                f"{how}: {pods / cell.wall:,.0f}/s, CPU per admission: agent {agent:.0f} us (event loop {loop:.0f}), "
+                f"sim {sim:.0f}, load generator {client:.0f}"
+            )
+        what = "Allocate + GetPreferredAllocation + PreStart" if all_rpcs else "Allocate only"
+        return f"agent ({what}) " + "; ".join(figures)
     finally:
         stop_procs(sims)
         side.stop()
@@ -154,6 +164,10 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000, help="requests per entry cell [5000]")
     parser.add_argument("--pods", type=int, default=600, help="pods per agent cell [600]")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (aiohttp, lean, the agent) [3]")
+    parser.add_argument(
+        "--all-rpcs", action="store_true", help="the sim also asks for GetPreferredAllocation, PreStart"
+    )
+    parser.add_argument("--only", choices=("entry", "agent"), help="run one part")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -162,9 +176,11 @@ def main() -> None:
     load = os.getloadavg()
     print(f"load average at start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}", flush=True)
     for run in range(args.rounds):
-        for kind in ("aiohttp", "lean"):
-            print(entry_alone(kind, args.requests), flush=True)
-        print(agent_cpu(args.pods, run), flush=True)
+        if args.only != "agent":
+            for kind in ("aiohttp", "lean"):
+                print(entry_alone(kind, args.requests), flush=True)
+        if args.only != "entry":
+            print(agent_cpu(args.pods, run, args.all_rpcs), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from tests.support.procs import ROOT, child_env
     ("script", "args", "expected"),
     [
         ("proxy.py", ["--calls", "30"], "added by proxied                   percentile difference"),
-        ("entry_cpu.py", ["--requests", "50", "--pods", "20", "--rounds", "1"], "agent CPU per admit + remove"),
+        ("entry_cpu.py", ["--requests", "50", "--pods", "20", "--rounds", "1"], "CPU per admission: agent"),
         ("choice.py", ["--rounds", "1", "--preferred"], "5000 (same)"),
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
     ],

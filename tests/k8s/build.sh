@@ -3,8 +3,9 @@
 # shared/spec/k8s-test-env.md): kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubectl, etcd, kwok, the upstream sample-device-plugin,
 # squat/generic-device-plugin (when its pin resolves), our kubelet
-# device-manager harness, our kubelet checkpoint peer and our Allocate benchmark client
-# (allocate-bench, for benchmarks/proxy.py); squat/generic-device-plugin
+# device-manager harness, our kubelet checkpoint peer, our Allocate benchmark client
+# (allocate-bench, for benchmarks/proxy.py) and our admission load generator (admit-load, for
+# benchmarks/compare.py); squat/generic-device-plugin
 # from its vendored source (see build_gdp below).
 #
 # Binaries go to ${DEVICEPLANE_K8S_CACHE:-~/.cache/deviceplane/k8s}/<k8s-version>-<key>/bin,
@@ -132,11 +133,11 @@ step() { # step <name> <dir> <go build args...>
 minor=$(echo "$k8s_version" | cut -d. -f2)
 k8s_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor} -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/client-go/pkg/version.gitVersion=${k8s_version} -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=${minor}"
 
-step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness checkpoint-peer allocate-bench)" \
+step "Kubernetes $k8s_version (kube-apiserver kube-controller-manager kube-scheduler kubectl sample-device-plugin kubelet-harness checkpoint-peer allocate-bench admit-load)" \
   "$here" -tags=selinux,notest -ldflags "$k8s_ldflags" -o "$tmp/" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness ./checkpoint-peer ./allocate-bench
+  k8s.io/kubernetes/test/images/sample-device-plugin ./kubelet-harness ./checkpoint-peer ./allocate-bench ./admit-load
 step "etcd $etcd_version" "$here/etcd" -ldflags "-s -w" -o "$tmp/etcd" .
 step "kwok $kwok_version" "$here/kwok" \
   -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${kwok_version#v} -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s_version#v}" \
@@ -166,6 +167,7 @@ grep -q "etcd Version: ${etcd_version#v}" <<<"$v" || die "etcd --version is not 
   echo "kubelet-harness deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager@${k8s_version})"
   echo "checkpoint-peer deviceplane (k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/checkpoint@${k8s_version})"
   echo "allocate-bench deviceplane (k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1 v0.${k8s_version#v1.}, grpc-go)"
+  echo "admit-load deviceplane (Go standard library)"
   echo "go ${gov}"
   echo "key ${key}"
 } > "$tmp/VERSIONS"
