@@ -14,6 +14,7 @@ from google.protobuf import json_format
 from deviceplane.agent.plugins.plugin_client import PluginClient, PluginDialError
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.registry import Device, PluginOptions
+from deviceplane.lean_grpc import RpcError
 from tests.support.procs import TestPlugin
 
 FIXED_ALLOCATE = pb.AllocateResponse(
@@ -110,8 +111,9 @@ async def test_dial_failure_and_stopped_plugin(short_tmp: Path, plugin: TestPlug
     client = PluginClient("example.com/res", str(short_tmp / "p.sock"))
     await client.connect(timeout=5)
     plugin.stop()
-    with pytest.raises(grpc.aio.AioRpcError):
+    with pytest.raises(RpcError) as info:
         await client.allocate(["ADeviceId"], timeout=2)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
     await client.close()
 
 
@@ -134,7 +136,7 @@ async def test_options_never_answered_fails_with_the_options_error_after_one_dea
 ) -> None:
     plugin = plugin_factory(short_tmp, "hung.sock", [], "--hang-options")
     message, elapsed = await timed_connect_error(PluginClient("example.com/res", str(short_tmp / "hung.sock")), 2)
-    assert message == "failed to get device plugin options: Deadline Exceeded"
+    assert message == "failed to get device plugin options: context deadline exceeded"  # grpc-go's text, as the kubelet
     # The whole deadline was waited, and only one: not a dial deadline and then an options deadline.
     assert 2 <= elapsed < 4
     assert (await asyncio.to_thread(plugin.send, cmd="calls"))["order"] == ["GetDevicePluginOptions"]

@@ -16,12 +16,13 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, PreferredCall, PreStartCall
 from deviceplane.core.allocator import AllocationError, AllocationResult
 from deviceplane.core.constants import PRE_START_TIMEOUT_SECONDS
+from deviceplane.lean_grpc import RpcError
 
 ALLOCATE_TIMEOUT_SECONDS = 10.0
 NO_ENDPOINT = "endpoint not found in cache for a registered resource: {}"
 
 
-def go_rpc_error(err: grpc.aio.AioRpcError) -> str:
+def go_rpc_error(err: RpcError) -> str:
     """A gRPC error as Go's status error prints it (upstream passes plugin errors through verbatim)."""
     code = "".join(part.capitalize() for part in err.code().name.split("_"))
     return f"rpc error: code = {'OK' if code == 'Ok' else code} desc = {err.details() or ''}"
@@ -86,7 +87,7 @@ def _failures(
     """A failed RPC raised as AllocationError(`message` with Go's rendering of the error)."""
     try:
         yield
-    except grpc.aio.AioRpcError as err:
+    except RpcError as err:
         if timeout is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             kind = timeout
         raise AllocationError(message.format(go_rpc_error(err)), kind, resource) from err

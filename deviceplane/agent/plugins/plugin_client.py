@@ -1,24 +1,38 @@
-"""One gRPC connection to a device plugin's socket (the kubelet's endpoint.go + client.go)."""
+"""One gRPC connection to a device plugin's socket (the kubelet's endpoint.go + client.go), made with the lean
+client (deviceplane.lean_grpc): every RPC of the connection, ListAndWatch included, on one HTTP/2 connection, as the
+kubelet's."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallback, StreamEndCallback
 from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.typed_grpc import device_plugin_stub
 from deviceplane.core.registry import Device, PluginOptions
 from deviceplane.core.snapshot import checked_snapshot
+from deviceplane.lean_grpc import Channel, ResponseStream, RpcError
 
 log = logging.getLogger("deviceplane.agent.plugin")
 
 MessageTap = Callable[[pb.ListAndWatchResponse], None]
 MAX_PROBLEMS_LOGGED = 4096
+SERVICE = "/v1beta1.DevicePlugin/"
+M = TypeVar("M", bound=Message)
+
+
+def parse(kind: type[M], wire: bytes) -> M:
+    """A response message; one that does not parse is the call's failure, worded as grpc-go's."""
+    try:
+        return kind.FromString(wire)
+    except DecodeError as err:
+        raise RpcError(grpc.StatusCode.INTERNAL, f"grpc: failed to unmarshal the received message: {err}") from None
 
 
 def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
@@ -34,12 +48,7 @@ class PluginClient:
         self.socket_path = socket_path
         # Sees each ListAndWatch message as received, before it is turned into devices (proxy mode forwards it).
         self._on_message = on_message
-        self._raw_calls: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {}
-        # authority "localhost" as the kubelet's dialer; no proxies for unix sockets.
-        self._channel = grpc.aio.insecure_channel(
-            f"unix://{socket_path}", options=[("grpc.default_authority", "localhost"), ("grpc.enable_http_proxy", 0)]
-        )
-        self._stub = device_plugin_stub(self._channel)
+        self._channel = Channel(socket_path, authority="localhost")  # the kubelet's dialer's authority
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
         self._logged: set[tuple[Device, str]] = set()  # snapshot problems already logged
@@ -47,18 +56,17 @@ class PluginClient:
     async def connect(self, timeout: float) -> PluginOptions:
         """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions, under one deadline.
 
-        One round, not two: the call waits for the connection itself (wait_for_ready) instead of a separate
-        channel_ready() first, which cost a connectivity-watch round trip per state change. The errors are upstream's
-        and unchanged: a plugin that never became reachable fails the dial, one that connected but did not answer
-        (or broke off) fails GetDevicePluginOptions. The options the plugin sent in RegisterRequest are ignored, as
-        upstream: the plugin is asked.
+        One round: the call waits for the connection itself (wait_for_ready). The errors are upstream's: a plugin
+        that never became reachable fails the dial, one that connected but did not answer (or broke off) fails
+        GetDevicePluginOptions. The options the plugin sent in RegisterRequest are ignored, as upstream: the plugin
+        is asked.
         """
         try:
-            options = await self._stub.GetDevicePluginOptions(pb.Empty(), timeout=timeout, wait_for_ready=True)
-        except grpc.aio.AioRpcError as err:
-            # Under wait_for_ready, an unreachable plugin is the deadline passing with the channel never READY.
-            connected = self._channel.get_state() == grpc.ChannelConnectivity.READY
-            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not connected:
+            wire = await self._channel.unary(SERVICE + "GetDevicePluginOptions", b"", timeout, wait_for_ready=True)
+            options = parse(pb.DevicePluginOptions, wire)
+        except RpcError as err:
+            # Under wait_for_ready, an unreachable plugin is the deadline passing with no connection ever made.
+            if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not self._channel.connected_once:
                 raise PluginDialError(
                     f"failed to dial device plugin: context deadline exceeded ({self.socket_path})"
                 ) from err
@@ -73,24 +81,25 @@ class PluginClient:
         for the plugin here, so a plugin that sends its first list only once Register has returned still works.
         """
         # No deadline, as upstream: the stream lives as long as the plugin does.
-        call = self._stub.ListAndWatch(pb.Empty())
+        call = self._channel.stream(SERVICE + "ListAndWatch", b"")
         self._stream_task = asyncio.create_task(
             self._run_stream(call, on_snapshot, on_end), name=f"list-and-watch {self.resource} {self.socket_path}"
         )
 
     async def _run_stream(
         self,
-        call: AsyncIterator[pb.ListAndWatchResponse],
+        call: ResponseStream,
         on_snapshot: SnapshotCallback,
         on_end: StreamEndCallback,
     ) -> None:
         reason = "stream ended"
         try:
-            async for response in call:
+            async for wire in call:
+                response = parse(pb.ListAndWatchResponse, wire)
                 if self._on_message is not None:
                     self._on_message(response)
                 on_snapshot(self._checked(devices_from_proto(response.devices)))
-        except grpc.aio.AioRpcError as err:
+        except RpcError as err:
             reason = f"ListAndWatch ended: {err.code().name}: {err.details()}"
         except asyncio.CancelledError:
             reason = "agent stopping"
@@ -99,6 +108,7 @@ class PluginClient:
             log.exception("ListAndWatch handling failed", extra={"resource": self.resource})
             reason = f"ListAndWatch handling failed: {err}"
         finally:
+            call.cancel()  # ended here (a message that did not parse, a failed callback): the plugin hears of it
             if not self._closed:
                 await on_end(reason)
 
@@ -118,7 +128,8 @@ class PluginClient:
 
     async def allocate(self, device_ids: Sequence[str], timeout: float | None) -> pb.AllocateResponse:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
-        return await self._stub.Allocate(request, timeout=timeout)
+        wire = await self._channel.unary(SERVICE + "Allocate", request.SerializeToString(), timeout)
+        return parse(pb.AllocateResponse, wire)
 
     async def get_preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int, timeout: float | None
@@ -130,10 +141,15 @@ class PluginClient:
                 )
             ]
         )
-        return await self._stub.GetPreferredAllocation(request, timeout=timeout)
+        wire = await self._channel.unary(SERVICE + "GetPreferredAllocation", request.SerializeToString(), timeout)
+        return parse(pb.PreferredAllocationResponse, wire)
 
     async def pre_start_container(self, device_ids: Sequence[str], timeout: float) -> None:
-        await self._stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=list(device_ids)), timeout=timeout)
+        request = pb.PreStartContainerRequest(devices_ids=list(device_ids))
+        parse(
+            pb.PreStartContainerResponse,
+            await self._channel.unary(SERVICE + "PreStartContainer", request.SerializeToString(), timeout),
+        )
 
     @property
     def closed(self) -> bool:
@@ -141,13 +157,8 @@ class PluginClient:
 
     async def call_raw(self, method: str, request: bytes, timeout: float | None) -> bytes:
         """One unary DevicePlugin RPC (e.g. "Allocate") with request and response as wire bytes, so a proxy forwards
-        exactly what it got. Raises grpc.aio.AioRpcError with the plugin's status."""
-        call = self._raw_calls.get(method)
-        if call is None:
-            call = self._raw_calls[method] = self._channel.unary_unary(
-                f"/v1beta1.DevicePlugin/{method}", request_serializer=None, response_deserializer=None
-            )
-        return bytes(await call(request, timeout=timeout))
+        exactly what it got. Raises RpcError with the plugin's status."""
+        return await self._channel.unary(SERVICE + method, request, timeout)
 
     async def close(self) -> None:
         """Stop the stream (without reporting it as a disconnect) and close the channel."""
@@ -155,4 +166,4 @@ class PluginClient:
         task, self._stream_task = self._stream_task, None
         if task is not None and task is not asyncio.current_task():
             await cancel_and_wait([task])
-        await self._channel.close(None)
+        await self._channel.close()

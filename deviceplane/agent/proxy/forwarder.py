@@ -20,6 +20,7 @@ from deviceplane.agent.proxy.endpoint import device_plugin_options
 from deviceplane.agent.proxy.feed import SnapshotFeed
 from deviceplane.api.typed_grpc import Context
 from deviceplane.core.registry import PluginOptions
+from deviceplane.lean_grpc import RpcError
 
 log = logging.getLogger("deviceplane.agent.proxy")
 
@@ -81,7 +82,7 @@ class ResourceForwarder:
         start = time.perf_counter()
         try:
             response = await client.call_raw(method, request, context.time_remaining())
-        except grpc.aio.AioRpcError as err:
+        except RpcError as err:
             self._record(method, request, time.perf_counter() - start, err.code(), True)
             await context.abort(err.code(), err.details() or "")
         # Recorded (metrics, the ownership join) on the loop's next turn: grpc sends the response as soon as this

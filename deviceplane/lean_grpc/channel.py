@@ -1,0 +1,244 @@
+"""A gRPC channel to one unix socket: dials lazily, keeps one HTTP/2 connection, makes unary and server-streaming
+calls with wire bytes in and out.
+
+Behaviour follows grpc's defaults where the agent can see them: a call without `wait_for_ready` fails fast with
+UNAVAILABLE when the server cannot be dialled, one with it retries the dial until its deadline; a deadline is sent as
+grpc-timeout and enforced here (RST_STREAM, DEADLINE_EXCEEDED); a call the server never processed (GOAWAY,
+REFUSED_STREAM) is sent again, a few times at most; the largest message received is 4 MiB. Messages follow
+grpc-go, whose text the kubelet prints ("context deadline exceeded", "error reading from server: EOF", ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from deviceplane.lean_grpc.connection import Connection, Stream
+from deviceplane.lean_grpc.headers import request_block, timeout_field
+from deviceplane.lean_grpc.status import RpcError, UnprocessedError
+
+DEFAULT_MAX_MESSAGE = 4 << 20  # grpc's default receive limit, the kubelet's too
+DEADLINE_MESSAGE = "context deadline exceeded"
+USER_AGENT = "deviceplane-lean-grpc/1"
+DIAL_TIMEOUT_SECONDS = 20.0  # a dial without a deadline still ends (a unix connect only waits on a full backlog)
+FIRST_BACKOFF_SECONDS = 0.01  # wait_for_ready: redial after this, growing to MAX_BACKOFF_SECONDS
+MAX_BACKOFF_SECONDS = 1.0
+# Sends of a call the server did not process (GOAWAY, REFUSED_STREAM). A server at its stream limit may still count
+# a stream whose trailers we have read (C-core does, briefly), so a call started at once on the freed slot can be
+# refused; the next try finds it free.
+MAX_TRANSPARENT_RETRIES = 5
+
+T = TypeVar("T")
+
+
+def dial_error(path: str, err: OSError) -> str:
+    reason = (err.strerror or str(err)).lower()
+    return f'connection error: desc = "transport: Error while dialing: dial unix {path}: connect: {reason}"'
+
+
+class Channel:
+    def __init__(self, path: str, authority: str = "localhost", max_receive_message: int = DEFAULT_MAX_MESSAGE) -> None:
+        self.path = path
+        self._authority = authority
+        self._max_message = max_receive_message
+        self._connection: Connection | None = None
+        self._dialing: asyncio.Task[Connection] | None = None
+        self._blocks: dict[str, bytes] = {}
+        self._closed = False
+        self.connected_once = False  # a server answered the HTTP/2 handshake at some point (grpc's READY)
+
+    # -- calls ---------------------------------------------------------------------------------------------------------
+
+    async def unary(
+        self, method: str, request: bytes, timeout: float | None = None, wait_for_ready: bool = False
+    ) -> bytes:
+        """One unary call (`method` as "/package.Service/Method"): the response message, or RpcError."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        retries = 0
+        while True:
+            connection = self._connection
+            if connection is None or not connection.usable or not connection.has_slot():
+                connection = await self._ready(deadline, wait_for_ready)
+            future: asyncio.Future[bytes] = loop.create_future()
+            stream = connection.start(self._request_block(method, deadline, loop), request, future)
+            timer = None
+            if deadline is not None:
+                timer = loop.call_at(deadline, connection.cancel, stream, _deadline_error())
+            try:
+                return await future
+            except UnprocessedError:
+                if retries == MAX_TRANSPARENT_RETRIES:
+                    raise
+                retries += 1  # the server never saw it: again, on a connection that takes calls
+            except asyncio.CancelledError:
+                connection.cancel(stream, RpcError(grpc.StatusCode.CANCELLED, "context canceled"))
+                raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def stream(self, method: str, request: bytes) -> ResponseStream:
+        """A server-streaming call. Its request is sent now when the channel is connected (else on the first read),
+        so a caller that returns right after this has its request on the way."""
+        started = None
+        connection = self._connection
+        if connection is not None and connection.usable and connection.has_slot():
+            started = (connection, connection.start(self._request_block(method, None, None), request, None))
+        return ResponseStream(started, lambda: self._open_stream(method, request))
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with CANCELLED, later calls too."""
+        self._closed = True
+        dialing, self._dialing = self._dialing, None
+        if dialing is not None:
+            dialing.cancel()
+            with contextlib.suppress(BaseException):
+                await dialing
+        if self._connection is not None:
+            self._connection.close(_closed_error())
+            self._connection = None
+
+    # -- connecting ----------------------------------------------------------------------------------------------------
+
+    def _request_block(self, method: str, deadline: float | None, loop: asyncio.AbstractEventLoop | None) -> bytes:
+        block = self._blocks.get(method)
+        if block is None:
+            block = self._blocks[method] = request_block(method, self._authority, USER_AGENT)
+        if deadline is not None and loop is not None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise _deadline_error()
+            block += timeout_field(remaining)
+        return block
+
+    async def _open_stream(self, method: str, request: bytes) -> tuple[Connection, Stream]:
+        connection = await self._ready(None, False)
+        return connection, connection.start(self._request_block(method, None, None), request, None)
+
+    async def _ready(self, deadline: float | None, wait_for_ready: bool) -> Connection:
+        """A connection that takes a call now: the current one, or a new dial (one at a time, shared)."""
+        loop = asyncio.get_running_loop()
+        backoff = FIRST_BACKOFF_SECONDS
+        while True:
+            if self._closed:
+                raise _closed_error()
+            connection = self._connection
+            if connection is not None and connection.usable:
+                if connection.has_slot():
+                    return connection
+                await _until(connection.wait_slot(), deadline, loop)
+                continue
+            if self._dialing is None:
+                self._dialing = loop.create_task(self._dial())
+                self._dialing.add_done_callback(self._dialled)
+            try:
+                dialled = await _until(asyncio.shield(self._dialing), deadline, loop)
+            except OSError as err:
+                if not wait_for_ready:
+                    raise RpcError(grpc.StatusCode.UNAVAILABLE, dial_error(self.path, err)) from None
+            else:
+                if dialled.usable:
+                    continue  # taken above, unless something else got there first
+                if not wait_for_ready:  # connected, and lost (or refused) at once
+                    raise dialled.error or RpcError(grpc.StatusCode.UNAVAILABLE, "connection closed")
+            if deadline is not None and loop.time() + backoff >= deadline:
+                await _until(asyncio.sleep(max(0.0, deadline - loop.time())), None, loop)
+                raise _deadline_error()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 1.6, MAX_BACKOFF_SECONDS)
+
+    async def _dial(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        _transport, connection = await asyncio.wait_for(
+            loop.create_unix_connection(lambda: Connection(self._max_message, self._lost, self._handshake), self.path),
+            DIAL_TIMEOUT_SECONDS,
+        )
+        return connection
+
+    def _dialled(self, task: asyncio.Task[Connection]) -> None:
+        if self._dialing is task:
+            self._dialing = None
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            return  # the waiting callers have it (retrieved here too, so an abandoned dial logs nothing)
+        connection = task.result()
+        if self._closed:
+            connection.close(_closed_error())
+            return
+        if self._connection is not None and self._connection is not connection:
+            self._connection.close(RpcError(grpc.StatusCode.UNAVAILABLE, "replaced by a new connection"))
+        self._connection = connection
+
+    def _handshake(self) -> None:
+        self.connected_once = True
+
+    def _lost(self, connection: Connection) -> None:
+        if self._connection is connection:
+            self._connection = None
+
+
+class ResponseStream:
+    """The messages of a server-streaming call, as wire bytes: `async for message in stream`. Ends at the server's OK
+    status, raises RpcError for any other; `cancel()` ends it from this side."""
+
+    def __init__(
+        self,
+        started: tuple[Connection, Stream] | None,
+        open_stream: Callable[[], Awaitable[tuple[Connection, Stream]]],
+    ) -> None:
+        self._started = started
+        self._open = open_stream
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._started is None:
+            self._started = await self._open()
+        connection, stream = self._started
+        loop = asyncio.get_running_loop()
+        while True:
+            message = connection.take(stream)
+            if message is not None:
+                return message
+            if stream.done:
+                if stream.error is not None:
+                    raise stream.error
+                raise StopAsyncIteration
+            stream.waiter = loop.create_future()
+            try:
+                await stream.waiter
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+            finally:
+                stream.waiter = None
+
+    def cancel(self) -> None:
+        if self._started is not None:
+            connection, stream = self._started
+            connection.cancel(stream, RpcError(grpc.StatusCode.CANCELLED, "context canceled"))
+
+
+async def _until(awaitable: Awaitable[T], deadline: float | None, loop: asyncio.AbstractEventLoop) -> T:
+    if deadline is None:
+        return await awaitable
+    try:
+        return await asyncio.wait_for(awaitable, max(0.0, deadline - loop.time()))
+    except TimeoutError:
+        raise _deadline_error() from None
+
+
+def _deadline_error() -> RpcError:
+    return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+
+
+def _closed_error() -> RpcError:
+    return RpcError(grpc.StatusCode.CANCELLED, "grpc: the client connection is closing")
