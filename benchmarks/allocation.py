@@ -131,7 +131,8 @@ async def main(args: argparse.Namespace) -> None:
                 release(controller, f"m{held}-{workers}", args.pods)
         store = agent.allocation_store
         print(
-            f"journal fdatasyncs: {store.journal_syncs}, background checkpoints: {store.checkpoints} "
+            f"journal fdatasyncs: {store.journal_syncs} ({store.journal_inline_syncs} inline), "
+            f"background checkpoints: {store.checkpoints} "
             f"(last took {store.last_checkpoint_seconds * 1000:.0f} ms), entries now: {len(agent.pod_devices)}"
         )
     finally:

@@ -189,3 +189,53 @@ async def test_a_bug_in_the_writer_fails_its_group_and_the_writer_lives_on(tmp_p
     await asyncio.wait_for(journal.append(alloc_record(alloc("p1", "d1"))), 5)  # the writer thread is still there
     await journal.close()
     assert set(replayed(tmp_path).pods()) == {"p1"}
+
+
+class HeldJournal(Journal):
+    """A writer thread held inside its write until told (a busy writer, made deterministic: this subclass)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.entered = threading.Event()
+        self.go_on = threading.Event()
+        self.writes_on: list[str] = []
+
+    def _write(self, data: bytes) -> None:
+        self.writes_on.append(threading.current_thread().name)
+        if threading.current_thread().name == "journal-writer" and not self.go_on.is_set():
+            self.entered.set()
+            self.go_on.wait(10)
+        super()._write(data)
+
+
+async def test_inline_append_is_durable_before_it_returns_when_the_writer_is_idle(tmp_path: Path) -> None:
+    journal = HeldJournal(tmp_path)
+    journal.replay(PodDevices())
+    journal.open()
+    done = journal.append_all([alloc_record(alloc("p1", "d1")), alloc_record(alloc("p2", "d2"))], inline=True)
+    # Written and fdatasync'd on this thread, both records in one write, before append_all returned.
+    assert done.done() and done.exception() is None
+    assert (journal.inline_syncs, journal.syncs, journal.writes_on) == (1, 1, ["MainThread"])
+    assert state(replayed(tmp_path)) == {"p1": {"d1"}, "p2": {"d2"}}
+    # With a group in flight on the writer thread, an inline request queues behind it: order is kept.
+    queued = journal.append(release_record("p1"))
+    await asyncio.to_thread(journal.entered.wait, 10)
+    behind = journal.append_all([alloc_record(alloc("p1", "d9"))], inline=True)
+    assert not behind.done()
+    journal.go_on.set()
+    await asyncio.wait_for(asyncio.gather(queued, behind), 10)
+    assert journal.inline_syncs == 1 and journal.writes_on.count("journal-writer") == 2
+    await journal.close()
+    assert state(replayed(tmp_path)) == {"p1": {"d9"}, "p2": {"d2"}}
+
+
+async def test_a_slow_disk_sends_inline_appends_to_the_writer_thread(tmp_path: Path) -> None:
+    journal = Journal(tmp_path, inline_sync_limit=0.0)  # every fdatasync counts as too slow to hold the loop for
+    journal.replay(PodDevices())
+    journal.open()
+    done = journal.append_all([alloc_record(alloc("p1", "d1"))], inline=True)
+    assert not done.done()
+    await asyncio.wait_for(done, 10)
+    assert (journal.inline_syncs, journal.syncs) == (0, 1)
+    await journal.close()
+    assert state(replayed(tmp_path)) == {"p1": {"d1"}}

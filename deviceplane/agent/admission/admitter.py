@@ -92,12 +92,20 @@ class Admitter:
         self._settings = settings
         self._clock = clock
         self._started_at = clock()
+        self._in_flight = 0  # admissions running now
 
     def start(self) -> None:
         """The startup wait counts from here."""
         self._started_at = self._clock()
 
     async def admit(self, record: PodRecord) -> None:
+        self._in_flight += 1
+        try:
+            await self._admit(record)
+        finally:
+            self._in_flight -= 1
+
+    async def _admit(self, record: PodRecord) -> None:
         pod = record.pod
         started = self._clock()
         try:
@@ -200,12 +208,9 @@ class Admitter:
 
     async def _durable(self, pod: Pod) -> None:
         """Commit the pod, journal its allocations and wait until they are on disk (see AllocationStore.allocated
-        for why appending them here, after PreStartContainer, keeps the journal's order)."""
+        for why appending them here, after PreStartContainer, keeps the journal's order). Alone in flight, the
+        journal may write them at once on this thread: no other admission could share the write or use the loop."""
         self._commit(pod)
-        futures = [self._store.allocated(a) for a in self._pod_devices.allocations(pod.uid)]
-        # Records of one pod are group-committed together, so its last future resolves after the others (the
-        # journal settles groups in order and a group's waiters at once): await that one, not a gather.
-        if futures:
-            await futures[-1]
-            for future in futures[:-1]:
-                future.result()  # already done; raises its write error if it had one
+        allocations = list(self._pod_devices.allocations(pod.uid))
+        if allocations:
+            await self._store.allocated(allocations, inline=self._in_flight == 1)

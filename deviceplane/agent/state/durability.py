@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.journal import Journal, alloc_record, release_record
@@ -80,6 +81,11 @@ class AllocationStore:
     def journal_syncs(self) -> int:
         return self._journal.syncs
 
+    @property
+    def journal_inline_syncs(self) -> int:
+        """Of `journal_syncs`, those written on the event loop (an admission alone in flight)."""
+        return self._journal.inline_syncs
+
     def start(self) -> None:
         self._dirty.set()  # fold the replayed journal into a fresh checkpoint at once (`run_checkpoints` does)
 
@@ -97,8 +103,9 @@ class AllocationStore:
         """A failed admission: nothing of it is pending any more (its release is journaled)."""
         self._content.end(pod_uid)
 
-    def allocated(self, allocation: Allocation) -> asyncio.Future[None]:
-        """Journal an allocation already applied to PodDevices; the future resolves once it is on disk.
+    def allocated(self, allocations: Sequence[Allocation], inline: bool = False) -> asyncio.Future[None]:
+        """Journal allocations already applied to PodDevices, as one group; the future resolves once they are on
+        disk. `inline`: no other admission is in flight, so the journal may write them at once (Journal.append_all).
 
         The caller appends a pod's allocations at the end of its admission, after PreStartContainer, not when each
         was applied. That keeps replay equal to memory because the order only matters per pod: records of different
@@ -108,7 +115,7 @@ class AllocationStore:
         checkpoint, so a rotation point between a change and its append is covered by the record, which lands in
         the newer segment."""
         self._dirty.set()
-        return self._journal.append(alloc_record(allocation))
+        return self._journal.append_all([alloc_record(allocation) for allocation in allocations], inline)
 
     def released(self, pod_uid: str) -> asyncio.Future[None]:
         self._dirty.set()
