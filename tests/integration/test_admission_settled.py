@@ -43,3 +43,29 @@ async def test_a_given_up_wait_leaves_the_admission_and_a_removal_ends_the_wait(
         assert seen == [None, None]
     finally:
         await agent.stop()
+
+
+async def test_waiters_hear_the_end_from_the_admissions_last_step_and_a_failing_waiter_spoils_nothing(
+    short_tmp: Path,
+) -> None:
+    agent = Agent(AgentConfig(short_tmp / "dp", short_tmp / "pr.sock", "n", 300, "127.0.0.1:0", startup_plugin_wait=0))
+    await agent.start()
+    try:
+        runner = agent.admission
+        runner.pod_set("test", "b", waiting_pod("uid-b"))  # no plugin serves its resource: it fails at once
+        task = next(t for t in asyncio.all_tasks() if t.get_name() == "admit ns/uid-b")
+        heard: list[tuple[PodState | None, bool]] = []
+
+        def broken(_record: PodRecord | None) -> None:
+            raise RuntimeError("a waiter's bug")
+
+        runner.when_settled("uid-b", broken)
+        runner.when_settled("uid-b", lambda record: heard.append((record and record.state, task.done())))
+        record = await asyncio.wait_for(runner.settled("uid-b"), 5)
+        assert record is not None and record.state == PodState.FAILED
+        # Told from the admission's own last step (its task not yet done), despite the waiter before it raising.
+        assert heard == [(PodState.FAILED, False)]
+        await asyncio.sleep(0)
+        assert task.done() and task.exception() is None
+    finally:
+        await agent.stop()

@@ -33,6 +33,7 @@ class AdmissionRunner:
         self._store = store
         self._admitter = admitter
         self._tasks: dict[str, asyncio.Task[None]] = {}  # admissions in flight, by pod UID
+        self._waiters: dict[str, list[Callable[[PodRecord | None], None]]] = {}  # told when the admission ends
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
 
@@ -60,23 +61,19 @@ class AdmissionRunner:
     async def settled(self, uid: str) -> PodRecord | None:
         """Wait until the pod's admission (if one is running) has finished; then its record. Cancelling the wait
         does not cancel the admission."""
-        task = self._tasks.get(uid)
-        if task is not None and not task.done():
-            # One future woken by the task's end: lighter than asyncio.wait([task]); unlike `await task` or
-            # asyncio.shield, neither a cancelled admission nor a cancelled wait reaches the other side.
-            waiter = asyncio.get_running_loop().create_future()
-            task.add_done_callback(functools.partial(_wake, waiter))
-            await waiter
+        if uid in self._tasks:
+            waiter: asyncio.Future[PodRecord | None] = asyncio.get_running_loop().create_future()
+            self._waiters.setdefault(uid, []).append(functools.partial(_wake, waiter))
+            await asyncio.shield(waiter)
         return self._table.get(uid)
 
     def when_settled(self, uid: str, callback: Callable[[PodRecord | None], None]) -> None:
-        """Call `callback(record)` once the pod's admission (if one is running) has finished, without a task or
-        coroutine of the caller's own (the debug admit entry answers from it)."""
-        task = self._tasks.get(uid)
-        if task is None or task.done():
-            callback(self._table.get(uid))
+        """Call `callback(record)` once the pod's admission (if one is running) has finished: from the admission's
+        last step itself, not a loop iteration later (the debug admit entry answers from it)."""
+        if uid in self._tasks:
+            self._waiters.setdefault(uid, []).append(callback)
         else:
-            task.add_done_callback(lambda _task: callback(self._table.get(uid)))
+            callback(self._table.get(uid))
 
     def known(self, source: str, key: str) -> bool:
         """A pod is recorded at (source, key)."""
@@ -106,7 +103,7 @@ class AdmissionRunner:
             record.terminated(f"pod phase {pod.phase}")
             self._release_when_synced(pod.uid)
             return
-        task = asyncio.create_task(self._admitter.admit(record), name=f"admit {pod.key}")
+        task = asyncio.create_task(self._admit(record), name=f"admit {pod.key}")
         self._tasks[pod.uid] = task
         task.add_done_callback(functools.partial(self._forget_task, pod.uid))
 
@@ -142,9 +139,24 @@ class AdmissionRunner:
 
     # -- release -------------------------------------------------------------------------------------------------------
 
+    async def _admit(self, record: PodRecord) -> None:
+        try:
+            await self._admitter.admit(record)
+        finally:
+            task = asyncio.current_task()
+            assert task is not None
+            self._forget_task(record.pod.uid, task)
+
     def _forget_task(self, uid: str, task: asyncio.Task[None]) -> None:
+        """The admission ended (its last step, or its task's end if it never ran): waiters are told at once."""
         if self._tasks.get(uid) is task:
             del self._tasks[uid]
+            record = self._table.get(uid)
+            for callback in self._waiters.pop(uid, ()):
+                try:
+                    callback(record)
+                except Exception:  # one waiter's bug must not cost the others their answer
+                    log.exception("admission waiter failed", extra={"uid": uid})
 
     def _cancel(self, uid: str) -> None:
         task = self._tasks.get(uid)
@@ -162,6 +174,6 @@ class AdmissionRunner:
         # otherwise the garbage collection at sync time frees it
 
 
-def _wake(waiter: asyncio.Future[None], _task: object) -> None:
+def _wake(waiter: asyncio.Future[PodRecord | None], record: PodRecord | None) -> None:
     if not waiter.done():
-        waiter.set_result(None)
+        waiter.set_result(record)
