@@ -243,6 +243,19 @@ class PodDevices:
                     rows.append(DeviceInstance(resource, device_id, numa))
         return rows
 
+    def run_option_conflicts(self, pod_uid: str, container: str, order: Iterable[str] = ()) -> list[str]:
+        """What merging the container's run options would report as conflicting (spec §4.10), without merging when
+        nothing can conflict: one response with at most one mount and one device (every other field is a map)."""
+        resources = self._pods.get(pod_uid, {}).get(container)
+        if not resources:
+            return []
+        if len(resources) == 1:
+            (only,) = resources.values()
+            if len(only.response.mounts) <= 1 and len(only.response.devices) <= 1:
+                return []
+        options = self.run_options(pod_uid, container, order)
+        return options.conflicts if options is not None else []
+
     def run_options(self, pod_uid: str, container: str, order: Iterable[str] = ()) -> RunOptions | None:
         """Spec §4.10 deviceRunContainerOptions: None when the pod or container is unknown. Resources are merged in
         `order` first (the container's limit order), then any others by name."""

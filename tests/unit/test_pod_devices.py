@@ -123,3 +123,26 @@ def test_unreadable_alloc_resp_entries_are_skipped() -> None:
     pds = PodDevices()
     assert pds.load([broken, entry]) == 1
     assert pds.container_devices("p", "c", "r") == {"a"}
+
+
+def test_run_option_conflicts_within_one_response_and_across_resources() -> None:
+    """The cheap path (no merge) is only taken where nothing can conflict; conflicts inside one response (two mounts
+    or devices at one container path) and across resources are still found."""
+    pds = PodDevices()
+    one = resp(envs={"A": "1"}, mounts=[pb.Mount(container_path="/m", host_path="/h1")],
+               devices=[pb.DeviceSpec(container_path="/dev/x", host_path="/dev/a")])  # fmt: skip
+    pds.insert(make_allocation("p", "plain", "r1", {0: ("a",)}, one))
+    assert pds.run_option_conflicts("p", "plain") == []
+    twice = resp(
+        mounts=[pb.Mount(container_path="/m", host_path="/h1"), pb.Mount(container_path="/m", host_path="/h2")]
+    )
+    pds.insert(make_allocation("p", "inside", "r1", {0: ("b",)}, twice))
+    assert pds.run_option_conflicts("p", "inside") == [
+        "Container path /m has conflicting mount host paths: /h1 and /h2 (from r1)"
+    ]
+    pds.insert(make_allocation("p", "across", "r1", {0: ("c",)}, resp(envs={"A": "1"})))
+    pds.insert(make_allocation("p", "across", "r2", {0: ("d",)}, resp(envs={"A": "2"})))
+    assert pds.run_option_conflicts("p", "across", ["r1", "r2"]) == [
+        "Environment variable A has conflicting setting: 1 and 2 (from r2)"
+    ]
+    assert pds.run_option_conflicts("p", "missing") == []

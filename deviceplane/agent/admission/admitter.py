@@ -198,13 +198,14 @@ class Admitter:
         value wins, upstream only logs the others) are logged here, once per container."""
         self._store.commit(pod.uid)
         for container in pod.all_containers:
-            options = self._pod_devices.run_options(pod.uid, container.name, [r for r, _ in container.limits])
-            if options is not None and options.conflicts:
+            conflicts = self._pod_devices.run_option_conflicts(
+                pod.uid, container.name, [r for r, _ in container.limits]
+            )
+            if conflicts:
                 log.warning(
                     "conflicting run options",
-                    extra={"pod": pod.key, "uid": pod.uid, "container": container.name,
-                           "conflicts": options.conflicts},
-                )  # fmt: skip
+                    extra={"pod": pod.key, "uid": pod.uid, "container": container.name, "conflicts": conflicts},
+                )
 
     async def _durable(self, pod: Pod) -> None:
         """Commit the pod, journal its allocations and wait until they are on disk (see AllocationStore.allocated

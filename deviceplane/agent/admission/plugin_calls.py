@@ -45,7 +45,7 @@ class PluginCalls:
             with _failures(call.resource, "{}", AllocationResult.RPC_ERROR, timeout=AllocationResult.TIMEOUT):
                 response = await client.allocate(call.devices, self._allocate_timeout)
         finally:
-            self._metrics.alloc_duration.labels(call.resource).observe(time.perf_counter() - started)
+            self._metrics.observe_allocate(call.resource, time.perf_counter() - started)
         if not response.container_responses:
             raise AllocationError(
                 f"no containers return in allocation response {response}",

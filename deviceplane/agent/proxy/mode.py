@@ -83,7 +83,7 @@ class ProxyMode:
             result = _RESULTS.get(call.code, AllocationResult.RPC_ERROR)
         if result is AllocationResult.SUCCESS:
             self._ownership.allocated(call.resource, call.request)
-        self._metrics.alloc_duration.labels(call.resource).observe(call.seconds)
+        self._metrics.observe_allocate(call.resource, call.seconds)
         self._metrics.allocations_total.labels(call.resource, result.value).inc()
 
 
