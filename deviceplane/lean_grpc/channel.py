@@ -49,6 +49,7 @@ class Channel:
         self._dialing: asyncio.Task[Connection] | None = None
         self._blocks: dict[str, bytes] = {}
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.connected_once = False  # a server answered the HTTP/2 handshake at some point (grpc's READY)
 
     # -- calls ---------------------------------------------------------------------------------------------------------
@@ -57,7 +58,7 @@ class Channel:
         self, method: str, request: bytes, timeout: float | None = None, wait_for_ready: bool = False
     ) -> bytes:
         """One unary call (`method` as "/package.Service/Method"): the response message, or RpcError."""
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         deadline = None if timeout is None else loop.time() + timeout
         retries = 0
         while True:
@@ -81,6 +82,12 @@ class Channel:
             finally:
                 if timer is not None:
                     timer.cancel()
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        """The channel's loop, found once: in CPython 3.11 get_running_loop() makes a getpid() syscall whenever
+        another thread touched asyncio since (~6 us here), and a channel serves one loop."""
+        self._loop = asyncio.get_running_loop()
+        return self._loop
 
     def stream(self, method: str, request: bytes) -> ResponseStream:
         """A server-streaming call. Its request is sent now when the channel is connected (else on the first read),

@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from deviceplane.agent.app import Agent, AgentConfig
 from deviceplane.core.pod_table import PodState
@@ -34,14 +37,23 @@ async def admit(agent: Agent, uid: str) -> None:
     assert record is not None and record.state == PodState.ADMITTED, record and record.reason
 
 
-async def test_alone_inline_concurrent_grouped_all_restored(short_tmp: Path) -> None:
-    agent = Agent(config(short_tmp))
-    await agent.start()
-    sim = subprocess.Popen(
+@pytest.fixture
+def sim(short_tmp: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """The sim plugin, started first: it registers once the agent's kubelet.sock appears."""
+    (short_tmp / "dp").mkdir()
+    proc = subprocess.Popen(
         [sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", RESOURCE, "--count", "64",
          "--plugin-dir", str(short_tmp / "dp"), "--no-preferred-allocation", "--no-pre-start"],
         cwd=ROOT, env=child_env(),
     )  # fmt: skip
+    yield proc
+    proc.terminate()
+    proc.wait()
+
+
+async def test_alone_inline_concurrent_grouped_all_restored(short_tmp: Path, sim: subprocess.Popen[bytes]) -> None:
+    agent = Agent(config(short_tmp))
+    await agent.start()
     try:
         await wait_until(lambda: len(agent.registry.healthy(RESOURCE)) == 64, what="the sim's devices")
         store = agent.allocation_store
@@ -55,8 +67,6 @@ async def test_alone_inline_concurrent_grouped_all_restored(short_tmp: Path) -> 
         assert store.journal_syncs > syncs
     finally:
         await agent.stop()
-        sim.terminate()
-        sim.wait()
     restarted = Agent(config(short_tmp))
     await restarted.start()
     try:

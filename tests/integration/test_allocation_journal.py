@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
+import os
 import threading
 from pathlib import Path
+
+import pytest
 
 from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, release_record
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
@@ -239,3 +243,31 @@ async def test_a_slow_disk_sends_inline_appends_to_the_writer_thread(tmp_path: P
     assert (journal.inline_syncs, journal.syncs) == (0, 1)
     await journal.close()
     assert state(replayed(tmp_path)) == {"p1": {"d1"}}
+
+
+async def test_without_rwf_dsync_writes_are_followed_by_fdatasync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel or filesystem refusing RWF_DSYNC (a fault this machine's ext4 cannot produce, hence the patch): the
+    journal falls back to pwrite + fdatasync, once and for all, and loses nothing."""
+    refused: list[int] = []
+    real_pwritev = os.pwritev
+
+    def pwritev(fd: int, buffers: list[memoryview], offset: int, flags: int = 0) -> int:
+        if flags:
+            refused.append(flags)
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_pwritev(fd, buffers, offset, flags)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    syncs: list[int] = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (syncs.append(fd), real_fdatasync(fd))[1])
+    journal = Journal(tmp_path)
+    journal.replay(PodDevices())
+    journal.open()
+    await journal.append(alloc_record(alloc("p1", "d1")))
+    await journal.append_all([alloc_record(alloc("p2", "d2"))], inline=True)
+    await journal.close()
+    assert len(refused) == 1 and len(syncs) == 2  # refused once; each write then synced by fdatasync
+    assert state(replayed(tmp_path)) == {"p1": {"d1"}, "p2": {"d2"}}

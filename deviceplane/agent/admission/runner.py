@@ -33,6 +33,10 @@ class AdmissionRunner:
         self._store = store
         self._admitter = admitter
         self._tasks: dict[str, asyncio.Task[None]] = {}  # admissions in flight, by pod UID
+        self._admitting: dict[str, PodRecord] = {}  # the record each of those tasks admits
+        # The loop, found once: in CPython 3.11 get_running_loop() (create_task, current_task) makes a getpid()
+        # syscall whenever another thread touched asyncio since, ~6 us here, several times per admission.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._waiters: dict[str, list[Callable[[PodRecord | None], None]]] = {}  # told when the admission ends
 
     # -- lifecycle -----------------------------------------------------------------------------------------------------
@@ -47,6 +51,7 @@ class AdmissionRunner:
             )
 
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._admitter.start()
         # Checkpoint encoding runs in a worker thread; with the default 5 ms GIL switch interval every wake-up of
         # the event loop could wait that long behind it. 1 ms keeps admission latency flat while a checkpoint of
@@ -62,7 +67,7 @@ class AdmissionRunner:
         """Wait until the pod's admission (if one is running) has finished; then its record. Cancelling the wait
         does not cancel the admission."""
         if uid in self._tasks:
-            waiter: asyncio.Future[PodRecord | None] = asyncio.get_running_loop().create_future()
+            waiter: asyncio.Future[PodRecord | None] = (self._loop or asyncio.get_running_loop()).create_future()
             self._waiters.setdefault(uid, []).append(functools.partial(_wake, waiter))
             await asyncio.shield(waiter)
         return self._table.get(uid)
@@ -103,9 +108,10 @@ class AdmissionRunner:
             record.terminated(f"pod phase {pod.phase}")
             self._release_when_synced(pod.uid)
             return
-        task = asyncio.create_task(self._admit(record), name=f"admit {pod.key}")
+        task = (self._loop or asyncio.get_running_loop()).create_task(self._admit(record), name=f"admit {pod.key}")
         self._tasks[pod.uid] = task
-        task.add_done_callback(functools.partial(self._forget_task, pod.uid))
+        self._admitting[pod.uid] = record
+        task.add_done_callback(functools.partial(self._task_done, record))
 
     def pod_error(self, source: str, key: str, error: str) -> None:
         """The object at (source, key) is not a pod we can admit: reported, and any pod it held is gone."""
@@ -143,13 +149,17 @@ class AdmissionRunner:
         try:
             await self._admitter.admit(record)
         finally:
-            task = asyncio.current_task()
-            assert task is not None
-            self._forget_task(record.pod.uid, task)
+            self._ended(record)
 
-    def _forget_task(self, uid: str, task: asyncio.Task[None]) -> None:
-        """The admission ended (its last step, or its task's end if it never ran): waiters are told at once."""
-        if self._tasks.get(uid) is task:
+    def _task_done(self, record: PodRecord, _task: asyncio.Task[None]) -> None:
+        self._ended(record)  # a task cancelled before its first step never ran `_admit`'s finally
+
+    def _ended(self, admitted: PodRecord) -> None:
+        """The admission of `admitted` ended (in its last step): its waiters are told at once. A newer admission of
+        the same UID (the pod removed and added again meanwhile) is left alone."""
+        uid = admitted.pod.uid
+        if self._admitting.get(uid) is admitted:
+            del self._admitting[uid]
             del self._tasks[uid]
             record = self._table.get(uid)
             for callback in self._waiters.pop(uid, ()):
