@@ -10,8 +10,9 @@ Workloads per side and run (admission phase, then a fresh process for the device
   devices of a second resource, with the sim answering Allocate only and with GetPreferredAllocation + PreStart,
   sequential and `--concurrency` concurrent (the harness serialises admissions as the kubelet does);
 - release latency of one pod at 5,000 held (the measured pods, removed one at a time);
-- the floor: a bare Allocate round trip from this process to the same sim process, and one fdatasync of a
-  journal-sized write on the work directory's filesystem;
+- the floor: a bare Allocate round trip from this process to the same sim process (the fastest of three clients:
+  grpc's sync stub, the agent's lean_grpc, grpc-go), and one fdatasync of a journal-sized write on the work
+  directory's filesystem;
 - registration -> capacity visible (from our Register call returning), one 10,000-device ListAndWatch snapshot
   applied (plugin send -> visible), RSS with 10 resources x 10,000 devices; capacity is polled back to back over
   one keep-alive connection per side.
@@ -55,6 +56,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.registration import BenchPlugin, make_devices, register, register_big, serve_plugin  # noqa: E402
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc  # noqa: E402
+from deviceplane.lean_grpc import Channel  # noqa: E402
 from tests.support.procs import child_env, free_port  # noqa: E402
 
 PLAIN = "example.com/sim"  # answers Allocate only
@@ -286,18 +288,44 @@ def sim_socket(side: Side, resource: str) -> Path:
     return next(side.plugin_dir.glob(f"{resource.replace('/', '_')}-*.sock"))
 
 
-def allocate_round_trips(socket: Path, count: int) -> list[float]:
-    """The floor's RPC: a bare Allocate of one device to the sim process, from this process."""
+FLOOR_CLIENTS = ("grpc (Python, sync)", "lean_grpc (the agent's)", "grpc-go (the kubelet's)")
+
+
+def allocate_round_trips(socket: Path, count: int) -> dict[str, float]:
+    """The floor's RPC: a bare Allocate of one device to the sim process from this process, by each client in turn
+    (grpc's sync stub, the agent's own lean_grpc, grpc-go through allocate-bench): p50 seconds per client. The floor
+    takes the fastest, so no client's overhead is counted as physics."""
+    request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim-0"])])
+    wire = request.SerializeToString()
+    p50s: dict[str, float] = {}
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = pb_grpc.DevicePluginStub(channel)
-        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim-0"])])
         stub.Allocate(request, timeout=10)
         timings = []
         for _ in range(count):
             started = time.perf_counter()
             stub.Allocate(request, timeout=10)
             timings.append(time.perf_counter() - started)
-    return timings
+    p50s[FLOOR_CLIENTS[0]] = statistics.median(timings)
+
+    async def lean() -> list[float]:
+        channel = Channel(str(socket))
+        try:
+            await channel.unary("/v1beta1.DevicePlugin/Allocate", wire, 10)
+            out = []
+            for _ in range(count):
+                started = time.perf_counter()
+                await channel.unary("/v1beta1.DevicePlugin/Allocate", wire, 10)
+                out.append(time.perf_counter() - started)
+            return out
+        finally:
+            await channel.close()
+
+    p50s[FLOOR_CLIENTS[1]] = statistics.median(asyncio.run(lean()))
+    argv = [str(tool("allocate-bench")), "--socket", str(socket), "--devices", "sim-0", "--calls", str(count)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    p50s[FLOOR_CLIENTS[2]] = statistics.median(json.loads(done.stdout)["ms"][0]) / 1000
+    return p50s
 
 
 def fdatasyncs(directory: Path, count: int) -> list[float]:
@@ -356,7 +384,9 @@ def admission_phase(side: Side, args: argparse.Namespace, run: int) -> dict[str,
         sims.append(start_sim(side, FILLER, args.filler + 16, 0, *plain))
         for resource, count in ((PLAIN, MEASURED_DEVICES), (RPCS, MEASURED_DEVICES), (FILLER, args.filler + 16)):
             wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{side.name}: {resource} registered")
-        results["floor_allocate"] = statistics.median(allocate_round_trips(sim_socket(side, PLAIN), 200))
+        by_client = allocate_round_trips(sim_socket(side, PLAIN), 200)
+        results["floor_allocate_by_client"] = by_client
+        results["floor_allocate"] = min(by_client.values())
         results["floor_fdatasync"] = statistics.median(fdatasyncs(side.work, 200))
         for resource, workers in ((PLAIN, 1), (PLAIN, args.concurrency), (RPCS, args.concurrency)):
             warm = f"warm-{resource.rpartition('/')[2]}-{workers}"  # connections, caches, the first checkpoints
@@ -534,6 +564,9 @@ def metrics(concurrency: int) -> list[Metric]:
 
 def value(result: dict[str, Any], key: str) -> float | None:
     head, _, stat = key.rpartition("/")
+    if head == "floor_allocate_by_client":
+        found = result.get(head, {}).get(stat)
+        return None if found is None else float(found)
     if head.startswith("admit/"):
         cell = result.get(head)
         return None if cell is None else float(cell[stat])
@@ -608,19 +641,29 @@ def write_report(out: Path, runs: Runs, info: dict[str, Any], args: argparse.Nam
     floor_sync = summary(runs, Metric("floor_fdatasync", "", "ms"), "deviceplane")
     if floor_allocate and floor_sync:
         floor = floor_allocate[0] + floor_sync[0]
+        clients = ", ".join(
+            f"{client} {fmt(stats, 'ms')}"
+            for client in FLOOR_CLIENTS
+            if (stats := summary(runs, Metric(f"floor_allocate_by_client/{client}", "", "ms"), "deviceplane"))
+        )
         lines.append(
-            f"Floor (same runs): bare Allocate round trip to the sim process {fmt(floor_allocate, 'ms')} ms + one "
-            f"fdatasync of a {JOURNAL_RECORD_BYTES}-byte write {fmt(floor_sync, 'ms')} ms = **{floor:.2f} ms**."
+            f"Floor (same runs): bare Allocate round trip to the sim process {fmt(floor_allocate, 'ms')} ms (the "
+            f"fastest client's p50 in each run; by client: {clients}) + one fdatasync of a {JOURNAL_RECORD_BYTES}-byte "
+            f"write {fmt(floor_sync, 'ms')} ms = **{floor:.2f} ms**. Sequential admission p50 against it, timed by the "
+            "benchmark's client through the HTTP entry, and inside the agent (durationNs: from the pod handed to "
+            "admission until it is admitted, the boundary the floor's two operations lie within)."
         )
         lines += ["", "| deviceplane | value | target | |", "|---|---|---|---|"]
         for level in HELD_LEVELS:
-            p50 = summary(runs, Metric(f"admit/{level}/plain/1/p50", "", "ms"), "deviceplane")
-            if p50:
-                multiple = p50[0] / floor
-                verdict = "met" if multiple <= 1.5 else f"**missed** by {multiple / 1.5:.2f}x"
-                lines.append(
-                    f"| sequential p50, {level:,} held | {p50[0]:.2f} ms = {multiple:.2f}x floor | ≤ 1.5x | {verdict} |"
-                )
+            for stat, how in (("p50", "through the entry"), ("inside_p50", "inside the agent")):
+                p50 = summary(runs, Metric(f"admit/{level}/plain/1/{stat}", "", "ms"), "deviceplane")
+                if p50:
+                    multiple = p50[0] / floor
+                    verdict = "met" if multiple <= 1.5 else f"**missed** by {multiple / 1.5:.2f}x"
+                    lines.append(
+                        f"| sequential p50, {level:,} held, {how} | {p50[0]:.2f} ms = {multiple:.2f}x floor | ≤ 1.5x "
+                        f"| {verdict} |"
+                    )
         for level in (0, 5000):
             p99 = summary(runs, Metric(f"admit/{level}/plain/{args.concurrency}/p99", "", "ms"), "deviceplane")
             if p99:
