@@ -136,7 +136,7 @@ class AgentSide(Side):
     name = "deviceplane"
     admit_path = "/debug/v1/admit"
     remove_path = "/debug/v1/remove"
-    entry = "HTTP POST /debug/v1/admit (asyncio.Protocol HTTP/1.1 on its own port, `--debug-admit-api`)"
+    entry = "HTTP POST /debug/v1/admit (asyncio HTTP/1.1 on its own port, `--debug-admit-api`)"
 
     def __init__(self, work: Path) -> None:
         super().__init__(work)
@@ -278,6 +278,23 @@ def admit_many(side: Side, prefix: str, resource: str, count: int, workers: int)
         if not side.admitted(answer):
             raise RuntimeError(f"{side.name}: {body['metadata']['uid']} not admitted: {answer}")
     return Cell(latencies, [answer["durationNs"] / 1e9 for answer in answers], wall)
+
+
+SUSTAINED_ROUNDS = 3
+SUSTAINED_PODS = 1000
+
+
+def sustained(side: Side, workers: int) -> float:
+    """Admissions/s at 0 held over SUSTAINED_ROUNDS batches of SUSTAINED_PODS (each released before the next; the
+    releases are not timed): a latency cell of 100 pods lasts ~50 ms at 2,000/s, too short for a rate."""
+    admitted, seconds = 0, 0.0
+    for batch in range(SUSTAINED_ROUNDS):
+        prefix = f"sustained-{batch}"
+        cell = admit_many(side, prefix, PLAIN, SUSTAINED_PODS, workers)
+        admitted += len(cell.latencies)
+        seconds += cell.wall
+        remove_many(side, prefix, SUSTAINED_PODS)
+    return admitted / seconds
 
 
 def remove_many(side: Side, prefix: str, count: int) -> list[float]:
@@ -428,6 +445,7 @@ def admission_phase(side: Side, args: argparse.Namespace, run: int) -> dict[str,
             warm = f"warm-{resource.rpartition('/')[2]}-{workers}"  # connections, caches, the first checkpoints
             admit_many(side, warm, resource, 100, workers)
             remove_many(side, warm, 100)
+        results["sustained"] = sustained(side, args.concurrency)
         held = 0  # containers holding devices now (filler pods + measured pods kept)
         for level in HELD_LEVELS:
             if level > held:
@@ -589,6 +607,12 @@ def metrics(concurrency: int) -> list[Metric]:
                     out.append(Metric(f"{key}/{stat}", label, "ms", target))
                 out.append(Metric(f"{key}/rate", f"admissions/s, {level:,} held, {how}, {what}", "/s"))
     out += [
+        Metric(
+            "sustained",
+            f"admissions/s, 0 held, {concurrency} concurrent, Allocate only, sustained ({SUSTAINED_ROUNDS} x "
+            f"{SUSTAINED_PODS})",
+            "/s",
+        ),
         Metric("release", f"release of one pod, {HELD_LEVELS[-1]:,} held", "ms", 0.05),
         Metric("registration", "Register returned -> capacity visible", "ms", 1.0),
         Metric("registration_stream", "Register returned -> plugin receives ListAndWatch (part of the above)", "ms"),
@@ -646,8 +670,8 @@ def write_report(out: Path, runs: Runs, info: dict[str, Any], args: argparse.Nam
         f"Python {info['machine']['python']}; kubelet harness {info['harness']}",
         f"- load average (1/5/15 min) at start {info['load_start']}, at end {info['load_end']}; "
         f"duration {info['seconds']:.0f} s",
-        f"- entry, both sides: one HTTP POST of a v1 Pod to a local endpoint on 127.0.0.1, timed in the benchmark "
-        f"process by the same client (one keep-alive connection per worker thread) until the answer: "
+        f"- entry, both sides: one HTTP POST of a v1 Pod to a local endpoint on 127.0.0.1, timed by the same client "
+        f"(admit-load, Go, one keep-alive connection per worker) until the answer: "
         f"deviceplane {AgentSide.entry}; kubelet {KubeletSide.entry}",
         "- **the kubelet side serialises admissions** (the harness holds one lock per admission, as the kubelet's "
         f"pod admission does): its {args.concurrency}-concurrent latencies include the wait for that lock",
@@ -716,11 +740,13 @@ def write_report(out: Path, runs: Runs, info: dict[str, Any], args: argparse.Nam
                 lines.append(
                     f"| {args.concurrency}-concurrent p99, {level:,} held | {p99[0]:.2f} ms | < 10 ms | {verdict} |"
                 )
-        rate = summary(runs, Metric(f"admit/0/plain/{args.concurrency}/rate", "", "/s"), "deviceplane")
+        rate = summary(runs, Metric("sustained", "", "/s"), "deviceplane")
         if rate:
             verdict = "met" if rate[0] >= 2000 else f"**missed** by {2000 / rate[0]:.2f}x"
-            label = f"{args.concurrency}-concurrent admissions/s, 0 held"
-            lines.append(f"| {label} | {rate[0]:,.0f} | ≥ 2,000 | {verdict} |")
+            label = (
+                f"{args.concurrency}-concurrent admissions/s, 0 held, sustained ({SUSTAINED_ROUNDS} x {SUSTAINED_PODS})"
+            )
+            lines.append(f"| {label} | {fmt(rate, '/s')} | ≥ 2,000 | {verdict} |")
     lines += ["", "![deviceplane vs kubelet](compare.png)", ""]
     (out / "compare.md").write_text("\n".join(lines))
     plot(out / "compare.png", runs, table, info)
@@ -774,7 +800,7 @@ def make_side(name: str, directory: Path, exe: Path) -> Side:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=2, help="runs per side, sides alternated [2]")
-    parser.add_argument("--pods", type=int, default=100, help="admissions per cell [100]")
+    parser.add_argument("--pods", type=int, default=200, help="admissions per cell [200]")
     parser.add_argument("--filler", type=int, default=5000, help="the highest 'held' level [5000]")
     parser.add_argument("--concurrency", type=int, default=8, help="concurrent admissions [8]")
     parser.add_argument("--registrations", type=int, default=20, help="registrations timed per run [20]")
