@@ -29,8 +29,9 @@ FIRST_BACKOFF_SECONDS = 0.01  # wait_for_ready: redial after this, growing to MA
 MAX_BACKOFF_SECONDS = 1.0
 # Sends of a call the server did not process (GOAWAY, REFUSED_STREAM). A server at its stream limit may still count
 # a stream whose trailers we have read (C-core does, briefly), so a call started at once on the freed slot can be
-# refused; the next try finds it free.
-MAX_TRANSPARENT_RETRIES = 5
+# refused: the next try waits for another of our streams to end (or a moment, if none is left).
+MAX_TRANSPARENT_RETRIES = 20
+RETRY_PAUSE_SECONDS = 0.002
 
 T = TypeVar("T")
 
@@ -75,7 +76,11 @@ class Channel:
             except UnprocessedError:
                 if retries == MAX_TRANSPARENT_RETRIES:
                     raise
-                retries += 1  # the server never saw it: again, on a connection that takes calls
+                retries += 1  # the server never saw it: again, once it may have room
+                if connection.usable and connection.in_flight:
+                    await _until(connection.wait_slot(), deadline, loop)
+                else:
+                    await _until(asyncio.sleep(RETRY_PAUSE_SECONDS), deadline, loop)
             except asyncio.CancelledError:
                 connection.cancel(stream, RpcError(grpc.StatusCode.CANCELLED, "context canceled"))
                 raise

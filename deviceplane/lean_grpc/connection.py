@@ -33,8 +33,8 @@ CONNECTION_WINDOW = 64 << 20
 MAX_BUFFERED = 16 << 20  # a stream's received, unread messages beyond this stop its window updates (backpressure)
 MAX_FRAME_IN = h2.DEFAULT_MAX_FRAME  # we never announce a larger SETTINGS_MAX_FRAME_SIZE
 MAX_HEADER_LIST = 64 << 10  # announced as SETTINGS_MAX_HEADER_LIST_SIZE; a larger block is refused
-READ_BUFFER = 256 << 10
-MIN_READ_ROOM = 32 << 10
+READ_BUFFER = 64 << 10  # per connection, resident: one per plugin
+MIN_READ_ROOM = MAX_FRAME_IN + h2.HEADER_SIZE  # a partial frame is moved to the front when less is left behind it
 MAX_WRITE_BACKLOG = 4 << 20  # a server that stops reading while making us answer it is dropped
 
 _CLIENT_SETTINGS = h2.settings(
@@ -200,6 +200,11 @@ class Connection(asyncio.BufferedProtocol):
     def usable(self) -> bool:
         """New calls may start here."""
         return self._transport is not None and not self._draining
+
+    @property
+    def in_flight(self) -> int:
+        """Streams open on this connection."""
+        return len(self._streams)
 
     def has_slot(self) -> bool:
         return self._peer_max_streams is None or len(self._streams) < self._peer_max_streams
