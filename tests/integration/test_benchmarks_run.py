@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,11 +22,31 @@ from tests.support.procs import ROOT, child_env
         ("entry_cpu.py", ["--requests", "50", "--pods", "20", "--rounds", "1"], "CPU per admission: agent"),
         ("choice.py", ["--rounds", "1", "--preferred"], "5000 (same)"),
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
+        (
+            "compare.py",
+            [
+                "--runs",
+                "1",
+                "--pods",
+                "8",
+                "--filler",
+                "24",
+                "--sustained",
+                "40",
+                "--releases",
+                "2",
+                "--only",
+                "admission",
+                "--out",
+                "{tmp}",
+            ],
+            "8-concurrent admissions/s, 0 held, sustained (3 x 40)",
+        ),
     ],
 )
-def test_benchmark_runs_and_prints_its_figures(script: str, args: list[str], expected: str) -> None:
+def test_benchmark_runs_and_prints_its_figures(script: str, args: list[str], expected: str, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        [sys.executable, str(ROOT / "benchmarks" / script), *(a.format(tmp=tmp_path) for a in args)],
         cwd=ROOT,
         env=child_env(),
         capture_output=True,
