@@ -29,7 +29,8 @@ FIRST_BACKOFF_SECONDS = 0.01  # wait_for_ready: redial after this, growing to MA
 MAX_BACKOFF_SECONDS = 1.0
 # Sends of a call the server did not process (GOAWAY, REFUSED_STREAM). A server at its stream limit may still count
 # a stream whose trailers we have read (C-core does, briefly), so a call started at once on the freed slot can be
-# refused: the next try waits for another of our streams to end (or a moment, if none is left).
+# refused: the next try follows a short pause, growing with each try (the server's cleanup is quick; waiting for
+# another of our streams to end instead could wait forever behind a ListAndWatch).
 MAX_TRANSPARENT_RETRIES = 20
 RETRY_PAUSE_SECONDS = 0.002
 
@@ -52,6 +53,7 @@ class Channel:
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.connected_once = False  # a server answered the HTTP/2 handshake at some point (grpc's READY)
+        self.retries = 0  # calls sent again because the server did not take them (GOAWAY, REFUSED_STREAM)
 
     # -- calls ---------------------------------------------------------------------------------------------------------
 
@@ -64,7 +66,7 @@ class Channel:
         retries = 0
         while True:
             connection = self._connection
-            if connection is None or not connection.usable or not connection.has_slot():
+            if connection is None or not connection.takes_call:
                 connection = await self._ready(deadline, wait_for_ready)
             future: asyncio.Future[bytes] = loop.create_future()
             stream = connection.start(self._request_block(method, deadline, loop), request, future)
@@ -73,14 +75,20 @@ class Channel:
                 timer = loop.call_at(deadline, connection.cancel, stream, _deadline_error())
             try:
                 return await future
-            except UnprocessedError:
+            except RpcError as err:
+                expired = deadline is not None and loop.time() >= deadline
+                if expired and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    # The server's copy of our deadline (grpc-timeout, counted from its receipt, so never earlier)
+                    # can answer before our timer, in its own words (a grpc.aio server says "Deadline Exceeded"): the
+                    # same deadline, reported one way. A DEADLINE_EXCEEDED of the server's own, earlier, passes as is.
+                    raise _deadline_error() from None
+                if not isinstance(err, UnprocessedError):
+                    raise
                 if retries == MAX_TRANSPARENT_RETRIES:
                     raise
-                retries += 1  # the server never saw it: again, once it may have room
-                if connection.usable and connection.in_flight:
-                    await _until(connection.wait_slot(), deadline, loop)
-                else:
-                    await _until(asyncio.sleep(RETRY_PAUSE_SECONDS), deadline, loop)
+                retries += 1  # the server never saw it: again, after a pause (then, if at its limit, for a slot)
+                self.retries += 1
+                await _until(asyncio.sleep(min(RETRY_PAUSE_SECONDS * retries, MAX_BACKOFF_SECONDS)), deadline, loop)
             except asyncio.CancelledError:
                 connection.cancel(stream, RpcError(grpc.StatusCode.CANCELLED, "context canceled"))
                 raise
@@ -99,7 +107,7 @@ class Channel:
         so a caller that returns right after this has its request on the way."""
         started = None
         connection = self._connection
-        if connection is not None and connection.usable and connection.has_slot():
+        if connection is not None and connection.takes_call:
             started = (connection, connection.start(self._request_block(method, None, None), request, None))
         return ResponseStream(started, lambda: self._open_stream(method, request))
 
@@ -184,8 +192,8 @@ class Channel:
         if self._closed:
             connection.close(_closed_error())
             return
-        if self._connection is not None and self._connection is not connection:
-            self._connection.close(RpcError(grpc.StatusCode.UNAVAILABLE, "replaced by a new connection"))
+        # A connection this one replaces is draining (GOAWAY, or its stream ids used up): its calls in flight finish
+        # there, and it closes itself after the last (Connection._finish).
         self._connection = connection
 
     def _handshake(self) -> None:

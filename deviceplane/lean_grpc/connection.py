@@ -198,13 +198,13 @@ class Connection(asyncio.BufferedProtocol):
 
     @property
     def usable(self) -> bool:
-        """New calls may start here."""
+        """New calls may start here (once a slot is free)."""
         return self._transport is not None and not self._draining
 
     @property
-    def in_flight(self) -> int:
-        """Streams open on this connection."""
-        return len(self._streams)
+    def takes_call(self) -> bool:
+        """A call may start here now: usable, and under the server's stream limit."""
+        return self.usable and self.has_slot()
 
     def has_slot(self) -> bool:
         return self._peer_max_streams is None or len(self._streams) < self._peer_max_streams
@@ -217,7 +217,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def start(self, block: bytes, message: bytes, future: asyncio.Future[bytes] | None) -> Stream:
         """Open a stream and send the request (HEADERS, then the message with END_STREAM, as far as the flow-control
-        windows allow; the rest follows as the server opens them). `usable` and `has_slot()` must hold."""
+        windows allow; the rest follows as the server opens them). `takes_call` must hold."""
         transport = self._transport
         assert transport is not None and not self._draining
         stream_id = self._next_id
@@ -238,15 +238,13 @@ class Connection(asyncio.BufferedProtocol):
             stream.pending = memoryview(b"\0" + (size - 5).to_bytes(4, "big") + message)
             self._blocked.append(stream)
             self._flush_blocked()
-        self._check_backlog()
         return stream
 
     def cancel(self, stream: Stream, error: RpcError) -> None:
         """End a call from our side (deadline, cancellation): RST_STREAM(CANCEL) and fail it with `error`."""
         if stream.done:
             return
-        if self._transport is not None:
-            self._transport.write(h2.rst_stream(stream.id, h2.CANCEL))
+        self._write(h2.rst_stream(stream.id, h2.CANCEL))
         self._finish(stream, error)
 
     def take(self, stream: Stream) -> bytes | None:
@@ -295,8 +293,7 @@ class Connection(asyncio.BufferedProtocol):
         except StreamFailure as failure:
             stream = self._streams.get(stream_id)
             if stream is not None:
-                if self._transport is not None:
-                    self._transport.write(h2.rst_stream(stream_id, failure.code))
+                self._write(h2.rst_stream(stream_id, failure.code))
                 self._finish(stream, failure.error)
 
     def _data(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -307,8 +304,8 @@ class Connection(asyncio.BufferedProtocol):
         if self._recv_window < 0:
             raise ConnectionFailure(h2.FLOW_CONTROL_ERROR, "DATA beyond the connection window")
         self._recv_unacked += length
-        if self._recv_unacked >= CONNECTION_WINDOW // 2 and self._transport is not None:
-            self._transport.write(h2.window_update(0, self._recv_unacked))
+        if self._recv_unacked >= CONNECTION_WINDOW // 2:
+            self._write(h2.window_update(0, self._recv_unacked))
             self._recv_window += self._recv_unacked
             self._recv_unacked = 0
         stream = self._streams.get(stream_id)
@@ -533,8 +530,7 @@ class Connection(asyncio.BufferedProtocol):
         for stream in [s for s in self._streams.values() if s.id > last]:
             self._finish(stream, unprocessed)
         self._wake_slots()  # waiters go elsewhere
-        if not self._streams and self._transport is not None:
-            self._transport.close()
+        self._close_if_drained()
 
     # -- bookkeeping -------------------------------------------------------------------------------------------------
 
@@ -547,8 +543,8 @@ class Connection(asyncio.BufferedProtocol):
         if stream.pending:
             stream.pending = memoryview(b"")
             self._blocked.remove(stream)
-            if error is None and self._transport is not None:  # the server answered before reading all: stop sending
-                self._transport.write(h2.rst_stream(stream.id, h2.NO_ERROR))
+            if error is None:  # the server answered before reading all of the request: stop sending it
+                self._write(h2.rst_stream(stream.id, h2.NO_ERROR))
         future = stream.future
         if future is None:
             _wake(stream)
@@ -563,18 +559,17 @@ class Connection(asyncio.BufferedProtocol):
             if not waiter.done():
                 waiter.set_result(None)
                 break
+        self._close_if_drained()
+
+    def _close_if_drained(self) -> None:
+        """A draining connection closes once its last stream has ended."""
         if self._draining and not self._streams and self._transport is not None:
             self._transport.close()
 
     def _replenish(self, stream: Stream) -> None:
         """Open a streaming call's window again once half of it is used, unless its reader has fallen behind."""
-        if (
-            stream.recv_unacked >= STREAM_WINDOW // 2
-            and stream.buffered < MAX_BUFFERED
-            and not stream.done
-            and self._transport is not None
-        ):
-            self._transport.write(h2.window_update(stream.id, stream.recv_unacked))
+        if stream.recv_unacked >= STREAM_WINDOW // 2 and stream.buffered < MAX_BUFFERED and not stream.done:
+            self._write(h2.window_update(stream.id, stream.recv_unacked))
             stream.recv_window += stream.recv_unacked
             stream.recv_unacked = 0
 
@@ -595,12 +590,19 @@ class Connection(asyncio.BufferedProtocol):
             if self._send_window <= 0:
                 break
         if out:
-            self._transport.write(b"".join(out))
+            self._send_data(b"".join(out))
 
     def _write(self, data: bytes) -> None:
+        """A frame the peer's frames made us send (ACKs, window updates, resets): bounded by MAX_WRITE_BACKLOG, so a
+        server that makes us answer without reading cannot grow our buffer."""
         if self._transport is not None:
             self._transport.write(data)
             self._check_backlog()
+
+    def _send_data(self, data: bytes) -> None:
+        """Request bytes: bounded by the server's own flow-control windows, which may exceed MAX_WRITE_BACKLOG."""
+        if self._transport is not None:
+            self._transport.write(data)
 
     def _check_backlog(self) -> None:
         transport = self._transport

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import grpc
@@ -25,12 +25,22 @@ from tests.support.procs import ROOT, child_env
 class Peer:
     def __init__(self, socket: Path, *flags: str) -> None:
         self.socket = socket
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.support.grpc_peer", str(socket), *flags],
+        self.flags = flags
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.grpc_peer", str(self.socket), *self.flags],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=ROOT, env=child_env(),
         )  # fmt: skip
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == b"ready"
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"ready"
+        return proc
+
+    def restart(self) -> None:
+        """A new server process on the same path (the old one killed if it still runs)."""
+        self.kill()
+        self.proc = self._start()
 
     def graceful_stop(self) -> None:
         """Close stdin: the server stops with a 1 s grace (GOAWAY, calls in flight may finish)."""
@@ -49,10 +59,18 @@ class Peer:
 
 
 @pytest.fixture
-def peer(short_tmp: Path) -> Iterator[Peer]:
-    started = Peer(short_tmp / "peer.sock")
+def peer(short_tmp: Path, request: pytest.FixtureRequest) -> Iterator[Peer]:
+    """The peer process; `@pytest.mark.parametrize("peer", [(flags...)], indirect=True)` passes it flags."""
+    started = Peer(short_tmp / "peer.sock", *getattr(request, "param", ()))
     yield started
     started.kill()
+
+
+@pytest.fixture
+async def channel(peer: Peer) -> AsyncIterator[Channel]:
+    opened = Channel(str(peer.socket))
+    yield opened
+    await opened.close()
 
 
 def method(name: str) -> str:
@@ -72,21 +90,17 @@ async def server_saw_cancellations(channel: Channel, count: int) -> None:
     assert (await stats(channel))["cancelled"] == count
 
 
-async def test_unary_calls_carry_bytes_both_ways(peer: Peer) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        assert await channel.unary(method("Echo"), b"", 5) == b""
-        assert await channel.unary(method("Echo"), b"\x00\xffbytes", 5) == b"\x00\xffbytes"
-        # 10 MiB out: more than the server's stream window (4 MiB) and the connection's first 64 KiB, in frames no
-        # larger than it allows: the request waits for WINDOW_UPDATEs.
-        big = pattern(10 << 20)
-        assert await channel.unary(method("Length"), big, 30) == str(len(big)).encode()
-        assert await channel.unary(method("Size"), b"3000000", 10) == pattern(3_000_000)
-        # Many calls at once on the one connection, each answer to its own call.
-        payloads = [f"call-{i}".encode() * (i % 7 + 1) for i in range(300)]
-        assert await asyncio.gather(*(channel.unary(method("Echo"), p, 10) for p in payloads)) == payloads
-    finally:
-        await channel.close()
+async def test_unary_calls_carry_bytes_both_ways(channel: Channel) -> None:
+    assert await channel.unary(method("Echo"), b"", 5) == b""
+    assert await channel.unary(method("Echo"), b"\x00\xffbytes", 5) == b"\x00\xffbytes"
+    # 10 MiB out: more than the server's stream window (4 MiB) and the connection's first 64 KiB, in frames no
+    # larger than it allows: the request waits for WINDOW_UPDATEs.
+    big = pattern(10 << 20)
+    assert await channel.unary(method("Length"), big, 30) == str(len(big)).encode()
+    assert await channel.unary(method("Size"), b"3000000", 10) == pattern(3_000_000)
+    # Many calls at once on the one connection, each answer to its own call.
+    payloads = [f"call-{i}".encode() * (i % 7 + 1) for i in range(300)]
+    assert await asyncio.gather(*(channel.unary(method("Echo"), p, 10) for p in payloads)) == payloads
 
 
 @pytest.mark.parametrize(
@@ -98,146 +112,139 @@ async def test_unary_calls_carry_bytes_both_ways(peer: Peer) -> None:
         (grpc.StatusCode.PERMISSION_DENIED, "%41 stays as typed"),
     ],
 )
-async def test_error_statuses_arrive_exactly(peer: Peer, code: grpc.StatusCode, message: str) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        with pytest.raises(RpcError) as info:
-            await channel.unary(method("Fail"), json.dumps({"code": code.value[0], "message": message}).encode(), 5)
-        assert (info.value.code(), info.value.details()) == (code, message)
-        with pytest.raises(RpcError) as missing:
-            await channel.unary("/peer.Test/NoSuchMethod", b"", 5)
-        assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
-        assert await channel.unary(method("Echo"), b"still fine", 5) == b"still fine"
-    finally:
-        await channel.close()
+async def test_error_statuses_arrive_exactly(channel: Channel, code: grpc.StatusCode, message: str) -> None:
+    with pytest.raises(RpcError) as info:
+        await channel.unary(method("Fail"), json.dumps({"code": code.value[0], "message": message}).encode(), 5)
+    assert (info.value.code(), info.value.details()) == (code, message)
+    with pytest.raises(RpcError) as missing:
+        await channel.unary("/peer.Test/NoSuchMethod", b"", 5)
+    assert missing.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert await channel.unary(method("Echo"), b"still fine", 5) == b"still fine"
 
 
-async def test_deadline_ends_the_call_and_the_server_hears_of_it(peer: Peer) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        started = time.monotonic()
-        with pytest.raises(RpcError) as info:
-            await channel.unary(method("Hang"), b"", 0.3)
-        elapsed = time.monotonic() - started
-        assert (info.value.code(), info.value.details()) == (
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            "context deadline exceeded",
-        )
-        assert 0.3 <= elapsed < 1.5
-        await server_saw_cancellations(channel, 1)
-    finally:
-        await channel.close()
+async def test_deadline_ends_the_call_and_the_server_hears_of_it(channel: Channel) -> None:
+    started = time.monotonic()
+    with pytest.raises(RpcError) as info:
+        await channel.unary(method("Hang"), b"", 0.3)
+    elapsed = time.monotonic() - started
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        "context deadline exceeded",
+    )
+    assert 0.3 <= elapsed < 1.5
+    await server_saw_cancellations(channel, 1)
 
 
-async def test_cancelled_caller_cancels_the_call(peer: Peer) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        call = asyncio.create_task(channel.unary(method("Hang"), b"", 30))
-        await asyncio.sleep(0.2)
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-        await server_saw_cancellations(channel, 1)
-    finally:
-        await channel.close()
+async def test_a_servers_own_deadline_exceeded_before_ours_passes_through(channel: Channel) -> None:
+    """Only the call's own deadline is reported as "context deadline exceeded": a plugin's DEADLINE_EXCEEDED of its own
+    (its own downstream timed out) keeps its words."""
+    spec = {"code": grpc.StatusCode.DEADLINE_EXCEEDED.value[0], "message": "gpu firmware did not answer"}
+    with pytest.raises(RpcError) as info:
+        await channel.unary(method("Fail"), json.dumps(spec).encode(), 10)
+    assert info.value.details() == "gpu firmware did not answer"
 
 
-async def test_message_limit_is_grpcs_4_mib(peer: Peer) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        assert len(await channel.unary(method("Size"), str(4 << 20).encode(), 10)) == 4 << 20
-        with pytest.raises(RpcError) as info:
-            await channel.unary(method("Size"), str((4 << 20) + 1).encode(), 10)
-        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert info.value.details() == "grpc: received message larger than max (4194305 vs. 4194304)"
-        assert await channel.unary(method("Echo"), b"after", 5) == b"after"  # the connection is fine
-    finally:
-        await channel.close()
+async def test_cancelled_caller_cancels_the_call(channel: Channel) -> None:
+    call = asyncio.create_task(channel.unary(method("Hang"), b"", 30))
+    await asyncio.sleep(0.2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await server_saw_cancellations(channel, 1)
 
 
-async def test_stream_delivers_every_message_past_the_windows(peer: Peer) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        # 80 MiB: past the stream's 8 MiB window and the connection's 64 MiB, so both are topped up as it is read.
-        received = [
-            m async for m in channel.stream(method("Stream"), json.dumps({"count": 40, "size": 2 << 20}).encode())
-        ]
-        assert len(received) == 40
-        assert all(message == pattern(2 << 20, i) for i, message in enumerate(received))
-        assert [m async for m in channel.stream(method("Stream"), b'{"count": 0, "size": 1}')] == []
-    finally:
-        await channel.close()
+async def test_message_limit_is_grpcs_4_mib(channel: Channel) -> None:
+    assert len(await channel.unary(method("Size"), str(4 << 20).encode(), 10)) == 4 << 20
+    with pytest.raises(RpcError) as info:
+        await channel.unary(method("Size"), str((4 << 20) + 1).encode(), 10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert info.value.details() == "grpc: received message larger than max (4194305 vs. 4194304)"
+    assert await channel.unary(method("Echo"), b"after", 5) == b"after"  # the connection is fine
 
 
-async def test_stream_cancelled_from_this_side(peer: Peer) -> None:
-    channel = Channel(str(peer.socket))
-    try:
-        stream = channel.stream(method("Forever"), b"")
-        assert await stream.__anext__() == b"first"
-        stream.cancel()
-        with pytest.raises(RpcError) as info:
-            await stream.__anext__()
-        assert info.value.code() == grpc.StatusCode.CANCELLED
-        await server_saw_cancellations(channel, 1)
-    finally:
-        await channel.close()
+async def test_stream_delivers_every_message_past_the_windows(channel: Channel) -> None:
+    # 80 MiB: past the stream's 8 MiB window and the connection's 64 MiB, so both are topped up as it is read.
+    received = [m async for m in channel.stream(method("Stream"), json.dumps({"count": 40, "size": 2 << 20}).encode())]
+    assert len(received) == 40
+    assert all(message == pattern(2 << 20, i) for i, message in enumerate(received))
+    assert [m async for m in channel.stream(method("Stream"), b'{"count": 0, "size": 1}')] == []
 
 
-async def test_the_servers_stream_limit_queues_calls(short_tmp: Path) -> None:
-    peer = Peer(short_tmp / "limited.sock", "--max-concurrent-streams", "4")
-    channel = Channel(str(peer.socket))
-    try:
-        await channel.unary(method("Echo"), b"", 5)  # the server's SETTINGS (the limit) are in after this
-        payloads = [str(i).encode() for i in range(200)]
-        slow = [channel.unary(method("Slow"), b"0.05", 10) for _ in range(8)]
-        results = await asyncio.gather(*slow, *(channel.unary(method("Echo"), p, 10) for p in payloads))
-        assert results == [b"done"] * 8 + payloads
-    finally:
-        await channel.close()
-        peer.kill()
+async def test_stream_cancelled_from_this_side(channel: Channel) -> None:
+    stream = channel.stream(method("Forever"), b"")
+    assert await stream.__anext__() == b"first"
+    stream.cancel()
+    with pytest.raises(RpcError) as info:
+        await stream.__anext__()
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    await server_saw_cancellations(channel, 1)
 
 
-async def test_goaway_lets_calls_in_flight_finish_and_later_calls_redial(short_tmp: Path) -> None:
-    path = short_tmp / "goaway.sock"
-    peer = Peer(path)
-    channel = Channel(str(path))
-    try:
-        assert await channel.unary(method("Echo"), b"x", 5) == b"x"
-        slow = asyncio.create_task(channel.unary(method("Slow"), b"0.5", 10))
-        await asyncio.sleep(0.1)
-        peer.graceful_stop()  # GOAWAY; the call in flight has a second to finish
-        assert await slow == b"done"
-        await asyncio.to_thread(peer.proc.wait, 10)
-        with pytest.raises(RpcError) as info:
-            await channel.unary(method("Echo"), b"x", 5)
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert f"dial unix {path}: connect:" in info.value.details()
-        # The same path served again: the next call dials a new connection.
-        peer.kill()
-        peer = Peer(path)
-        assert await channel.unary(method("Echo"), b"back", 5) == b"back"
-    finally:
-        await channel.close()
-        peer.kill()
+LIMIT_4 = pytest.mark.parametrize("peer", [("--max-concurrent-streams", "4")], indirect=True)
 
 
-async def test_killed_server_fails_calls_in_flight_and_the_channel_recovers(short_tmp: Path) -> None:
-    path = short_tmp / "killed.sock"
-    peer = Peer(path)
-    channel = Channel(str(path))
-    try:
-        hung = asyncio.create_task(channel.unary(method("Hang"), b"", 30))
-        await asyncio.sleep(0.2)
-        peer.kill()
-        with pytest.raises(RpcError) as info:
-            await hung
-        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert info.value.details().startswith("error reading from server")
-        peer = Peer(path)
-        assert await channel.unary(method("Echo"), b"again", 5) == b"again"
-    finally:
-        await channel.close()
-        peer.kill()
+@LIMIT_4
+async def test_calls_beyond_the_servers_stream_limit_wait_and_are_all_answered(channel: Channel) -> None:
+    await channel.unary(method("Echo"), b"", 5)  # the server's SETTINGS (the limit) are in after this
+    payloads = [str(i).encode() for i in range(200)]
+    slow = [channel.unary(method("Slow"), b"0.05", 10) for _ in range(8)]
+    results = await asyncio.gather(*slow, *(channel.unary(method("Echo"), p, 10) for p in payloads))
+    assert results == [b"done"] * 8 + payloads
+
+
+@pytest.mark.parametrize("peer", [("--max-concurrent-streams", "1")], indirect=True)
+async def test_a_call_over_the_limit_is_not_sent_until_a_stream_ends(channel: Channel) -> None:
+    """Held back, not sent and refused: with the one stream the server allows taken, the next call waits out its
+    deadline without reaching the server (no REFUSED_STREAM to retry), and goes once the stream ends."""
+    await channel.unary(method("Echo"), b"", 5)
+    hung = asyncio.create_task(channel.unary(method("Hang"), b"", 30))
+    await asyncio.sleep(0.1)
+    with pytest.raises(RpcError) as info:
+        await channel.unary(method("Echo"), b"waits", 0.3)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert channel.retries == 0
+    hung.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await hung
+    assert await channel.unary(method("Echo"), b"goes", 5) == b"goes"
+    assert channel.retries == 0
+
+
+async def test_goaway_lets_calls_in_flight_finish_and_later_calls_redial(peer: Peer, channel: Channel) -> None:
+    assert await channel.unary(method("Echo"), b"x", 5) == b"x"
+    slow = asyncio.create_task(channel.unary(method("Slow"), b"0.5", 10))
+    await asyncio.sleep(0.1)
+    peer.graceful_stop()  # GOAWAY; the call in flight has a second to finish
+    assert await slow == b"done"
+    await asyncio.to_thread(peer.proc.wait, 10)
+    with pytest.raises(RpcError) as info:
+        await channel.unary(method("Echo"), b"x", 5)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"dial unix {peer.socket}: connect:" in info.value.details()
+    peer.restart()  # the same path served again: the next call dials a new connection
+    assert await channel.unary(method("Echo"), b"back", 5) == b"back"
+
+
+@pytest.mark.parametrize("peer", [("--max-connection-age-ms", "300")], indirect=True)
+async def test_a_draining_connection_keeps_its_calls_while_new_ones_use_a_new_one(channel: Channel) -> None:
+    """A server that GOAWAYs old connections but keeps listening (max connection age, as grpc-go's and C-core's
+    servers can): a call made during the drain dials a new connection, and the old one's call still finishes."""
+    slow = asyncio.create_task(channel.unary(method("Slow"), b"1.0", 10))
+    await asyncio.sleep(0.6)  # past the age: the server has sent GOAWAY on the first connection
+    assert await channel.unary(method("Echo"), b"new", 5) == b"new"
+    assert await slow == b"done"
+
+
+async def test_killed_server_fails_calls_in_flight_and_the_channel_recovers(peer: Peer, channel: Channel) -> None:
+    hung = asyncio.create_task(channel.unary(method("Hang"), b"", 30))
+    await asyncio.sleep(0.2)
+    peer.kill()
+    with pytest.raises(RpcError) as info:
+        await hung
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.details().startswith("error reading from server")
+    peer.restart()
+    assert await channel.unary(method("Echo"), b"again", 5) == b"again"
 
 
 async def test_dial_errors_and_wait_for_ready(short_tmp: Path) -> None:

@@ -1,7 +1,7 @@
 """A gRPC server process (grpc.aio, C-core's HTTP/2) for the lean client's tests: `/peer.Test/<Method>`, wire
 bytes in and out, behaviour chosen by the method.
 
-    python -m tests.support.grpc_peer SOCKET [--max-concurrent-streams N]
+    python -m tests.support.grpc_peer SOCKET [--max-concurrent-streams N] [--max-connection-age-ms MS]
 
     Echo        the request, as it came
     Size        a response of N bytes (N: the request as a decimal number), filled with a repeating pattern
@@ -105,10 +105,14 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("socket")
     parser.add_argument("--max-concurrent-streams", type=int)
+    parser.add_argument("--max-connection-age-ms", type=int, help="GOAWAY each connection this old (calls may finish)")
     args = parser.parse_args()
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
     if args.max_concurrent_streams:
         options.append(("grpc.max_concurrent_streams", args.max_concurrent_streams))
+    if args.max_connection_age_ms:
+        options.append(("grpc.max_connection_age_ms", args.max_connection_age_ms))
+        options.append(("grpc.max_connection_age_grace_ms", 10_000))
     server = grpc.aio.server(options=options)
     handlers = {
         name: unary(name, answer)
