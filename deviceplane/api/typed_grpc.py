@@ -3,7 +3,7 @@ call, as Protocols, and the functions that add servicers to a server. The messag
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import Awaitable
 from typing import Any, Protocol, cast
 
 import grpc
@@ -13,26 +13,6 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
-
-
-class DevicePluginStub(Protocol):
-    def GetDevicePluginOptions(
-        self, request: pb.Empty, *, timeout: float | None = None, wait_for_ready: bool | None = None
-    ) -> Awaitable[pb.DevicePluginOptions]: ...
-
-    def ListAndWatch(self, request: pb.Empty) -> AsyncIterator[pb.ListAndWatchResponse]: ...
-
-    def Allocate(
-        self, request: pb.AllocateRequest, *, timeout: float | None = None
-    ) -> Awaitable[pb.AllocateResponse]: ...
-
-    def GetPreferredAllocation(
-        self, request: pb.PreferredAllocationRequest, *, timeout: float | None = None
-    ) -> Awaitable[pb.PreferredAllocationResponse]: ...
-
-    def PreStartContainer(
-        self, request: pb.PreStartContainerRequest, *, timeout: float | None = None
-    ) -> Awaitable[pb.PreStartContainerResponse]: ...
 
 
 class RegistrationStub(Protocol):
@@ -49,10 +29,6 @@ class PluginWatcherStub(Protocol):
     def NotifyRegistrationStatus(
         self, request: reg_pb.RegistrationStatus, *, timeout: float | None = None
     ) -> Awaitable[reg_pb.RegistrationStatusResponse]: ...
-
-
-def device_plugin_stub(channel: grpc.aio.Channel) -> DevicePluginStub:
-    return cast(DevicePluginStub, pb_grpc.DevicePluginStub(channel))  # type: ignore[no-untyped-call]
 
 
 def registration_stub(channel: grpc.aio.Channel) -> RegistrationStub:

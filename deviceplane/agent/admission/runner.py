@@ -12,6 +12,7 @@ import functools
 import logging
 import sys
 from collections.abc import Callable
+from typing import NamedTuple
 
 from deviceplane.agent.admission.admitter import Admitter
 from deviceplane.agent.state.durability import AllocationStore
@@ -32,8 +33,7 @@ class AdmissionRunner:
         self._pod_devices = pod_devices
         self._store = store
         self._admitter = admitter
-        self._tasks: dict[str, asyncio.Task[None]] = {}  # admissions in flight, by pod UID
-        self._admitting: dict[str, PodRecord] = {}  # the record each of those tasks admits
+        self._admissions: dict[str, _Admission] = {}  # in flight, by pod UID
         # The loop, found once: in CPython 3.11 get_running_loop() (create_task, current_task) makes a getpid()
         # syscall whenever another thread touched asyncio since, ~6 us here, several times per admission.
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,13 +60,13 @@ class AdmissionRunner:
         self._store.start()
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._tasks.values())
+        await cancel_and_wait([admission.task for admission in self._admissions.values()])
         await self._store.close()
 
     async def settled(self, uid: str) -> PodRecord | None:
         """Wait until the pod's admission (if one is running) has finished; then its record. Cancelling the wait
         does not cancel the admission."""
-        if uid in self._tasks:
+        if uid in self._admissions:
             waiter: asyncio.Future[PodRecord | None] = (self._loop or asyncio.get_running_loop()).create_future()
             self._waiters.setdefault(uid, []).append(functools.partial(_wake, waiter))
             await asyncio.shield(waiter)
@@ -75,7 +75,7 @@ class AdmissionRunner:
     def when_settled(self, uid: str, callback: Callable[[PodRecord | None], None]) -> None:
         """Call `callback(record)` once the pod's admission (if one is running) has finished: from the admission's
         last step itself, not a loop iteration later (the debug admit entry answers from it)."""
-        if uid in self._tasks:
+        if uid in self._admissions:
             self._waiters.setdefault(uid, []).append(callback)
         else:
             callback(self._table.get(uid))
@@ -109,8 +109,7 @@ class AdmissionRunner:
             self._release_when_synced(pod.uid)
             return
         task = (self._loop or asyncio.get_running_loop()).create_task(self._admit(record), name=f"admit {pod.key}")
-        self._tasks[pod.uid] = task
-        self._admitting[pod.uid] = record
+        self._admissions[pod.uid] = _Admission(task, record)
         task.add_done_callback(functools.partial(self._task_done, record))
 
     def pod_error(self, source: str, key: str, error: str) -> None:
@@ -158,9 +157,9 @@ class AdmissionRunner:
         """The admission of `admitted` ended (in its last step): its waiters are told at once. A newer admission of
         the same UID (the pod removed and added again meanwhile) is left alone."""
         uid = admitted.pod.uid
-        if self._admitting.get(uid) is admitted:
-            del self._admitting[uid]
-            del self._tasks[uid]
+        admission = self._admissions.get(uid)
+        if admission is not None and admission.record is admitted:
+            del self._admissions[uid]
             record = self._table.get(uid)
             for callback in self._waiters.pop(uid, ()):
                 try:
@@ -169,9 +168,9 @@ class AdmissionRunner:
                     log.exception("admission waiter failed", extra={"uid": uid})
 
     def _cancel(self, uid: str) -> None:
-        task = self._tasks.get(uid)
-        if task is not None and not task.done():
-            task.cancel()
+        admission = self._admissions.get(uid)
+        if admission is not None and not admission.task.done():
+            admission.task.cancel()
 
     def _terminate(self, record: PodRecord, reason: str) -> None:
         self._cancel(record.pod.uid)
@@ -182,6 +181,11 @@ class AdmissionRunner:
         if self._table.all_synced:
             self._admitter.release(uid, "pod terminated")
         # otherwise the garbage collection at sync time frees it
+
+
+class _Admission(NamedTuple):
+    task: asyncio.Task[None]
+    record: PodRecord  # which admission of the UID (the pod may be removed and added again while one ends)
 
 
 def _wake(waiter: asyncio.Future[PodRecord | None], record: PodRecord | None) -> None:

@@ -63,7 +63,7 @@ class PluginClient:
         """
         try:
             wire = await self._channel.unary(SERVICE + "GetDevicePluginOptions", b"", timeout, wait_for_ready=True)
-            options = parse(pb.DevicePluginOptions, wire)
+            options = parse(pb.DevicePluginOptions, wire)  # Empty request: its wire form is no bytes
         except RpcError as err:
             # Under wait_for_ready, an unreachable plugin is the deadline passing with no connection ever made.
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not self._channel.connected_once:
@@ -128,8 +128,7 @@ class PluginClient:
 
     async def allocate(self, device_ids: Sequence[str], timeout: float | None) -> pb.AllocateResponse:
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=list(device_ids))])
-        wire = await self._channel.unary(SERVICE + "Allocate", request.SerializeToString(), timeout)
-        return parse(pb.AllocateResponse, wire)
+        return await self._call("Allocate", request, pb.AllocateResponse, timeout)
 
     async def get_preferred_allocation(
         self, available: Sequence[str], must_include: Sequence[str], size: int, timeout: float | None
@@ -141,15 +140,14 @@ class PluginClient:
                 )
             ]
         )
-        wire = await self._channel.unary(SERVICE + "GetPreferredAllocation", request.SerializeToString(), timeout)
-        return parse(pb.PreferredAllocationResponse, wire)
+        return await self._call("GetPreferredAllocation", request, pb.PreferredAllocationResponse, timeout)
 
     async def pre_start_container(self, device_ids: Sequence[str], timeout: float) -> None:
         request = pb.PreStartContainerRequest(devices_ids=list(device_ids))
-        parse(
-            pb.PreStartContainerResponse,
-            await self._channel.unary(SERVICE + "PreStartContainer", request.SerializeToString(), timeout),
-        )
+        await self._call("PreStartContainer", request, pb.PreStartContainerResponse, timeout)
+
+    async def _call(self, method: str, request: Message, reply: type[M], timeout: float | None) -> M:
+        return parse(reply, await self._channel.unary(SERVICE + method, request.SerializeToString(), timeout))
 
     @property
     def closed(self) -> bool:

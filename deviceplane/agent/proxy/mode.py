@@ -84,7 +84,7 @@ class ProxyMode:
         if result is AllocationResult.SUCCESS:
             self._ownership.allocated(call.resource, call.request)
         self._metrics.observe_allocate(call.resource, call.seconds)
-        self._metrics.allocations_total.labels(call.resource, result.value).inc()
+        self._metrics.count_allocation(call.resource, result)
 
 
 def settle_heap() -> None:
