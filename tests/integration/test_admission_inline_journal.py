@@ -1,7 +1,7 @@
 """Durability of admissions alone in flight vs concurrent ones, on a real agent in this process and a real sim
-plugin process: an admission alone writes its journal records on the event loop (inline, no thread hand-off),
-concurrent ones share the writer thread's group commits, and either way every admitted pod is restored after a
-restart."""
+plugin process: an admission alone writes its journal records at once, on the event loop; concurrent ones share
+group commits, also on the loop (one per loop step, while the disk is fast); and either way every admitted pod is
+restored after a restart."""
 
 from __future__ import annotations
 
@@ -62,9 +62,10 @@ async def test_alone_inline_concurrent_grouped_all_restored(short_tmp: Path, sim
         assert store.journal_inline_syncs == 20  # each admission, alone, wrote its record at once
         syncs, inline = store.journal_syncs, store.journal_inline_syncs
         await asyncio.gather(*(admit(agent, f"conc-{i}") for i in range(30)))
-        # Concurrent admissions go to the writer thread (its group commits); only the last, left alone, may not.
-        assert store.journal_inline_syncs - inline <= 1
-        assert store.journal_syncs > syncs
+        # Concurrent admissions write on the loop too, at most one write each (answers that arrive together share one:
+        # test_allocation_journal.py shows the grouping deterministically; here it depends on the sim's timing).
+        assert 0 < store.journal_syncs - syncs <= 30
+        assert store.journal_inline_syncs - inline == store.journal_syncs - syncs
     finally:
         await agent.stop()
     restarted = Agent(config(short_tmp))

@@ -7,11 +7,12 @@ import base64
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, release_record
+from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, read_segment, release_record
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
 
@@ -131,10 +132,11 @@ async def test_records_queued_while_a_full_segment_switches_are_kept(tmp_path: P
 
 class GatedJournal(Journal):
     """Holds each write until `gate` is set: an append can then be buffered while the write that fills the segment
-    is in flight (as with concurrent admissions, where it happens when the worker thread starts late)."""
+    is in flight (as with concurrent admissions, where it happened when the worker thread started late). Every
+    write goes to the writer thread, as on a disk too slow to hold the event loop for (inline_sync_limit=0)."""
 
     def __init__(self, directory: Path, segment_bytes: int) -> None:
-        super().__init__(directory, segment_bytes)
+        super().__init__(directory, segment_bytes, inline_sync_limit=0.0)
         self.gate = threading.Event()
         self.gate.set()
 
@@ -196,13 +198,15 @@ async def test_a_bug_in_the_writer_fails_its_group_and_the_writer_lives_on(tmp_p
 
 
 class HeldJournal(Journal):
-    """A writer thread held inside its write until told (a busy writer, made deterministic: this subclass)."""
+    """Records which thread wrote each group; a write on the writer thread is held until told, and the next write on
+    the loop takes `slow_seconds` (a busy writer and a slow fdatasync, made deterministic: this subclass)."""
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+    def __init__(self, directory: Path, inline_sync_limit: float = 0.002) -> None:
+        super().__init__(directory, inline_sync_limit=inline_sync_limit)
         self.entered = threading.Event()
         self.go_on = threading.Event()
         self.writes_on: list[str] = []
+        self.slow_seconds = 0.0
 
     def _write(self, data: bytes) -> None:
         self.writes_on.append(threading.current_thread().name)
@@ -211,26 +215,80 @@ class HeldJournal(Journal):
             self.go_on.wait(10)
         super()._write(data)
 
+    def _durable_write(self, view: memoryview) -> int:
+        if self.slow_seconds and threading.current_thread() is threading.main_thread():
+            time.sleep(self.slow_seconds)  # inside the timed write: it counts as the disk's
+            self.slow_seconds = 0.0
+        return super()._durable_write(view)
 
-async def test_inline_append_is_durable_before_it_returns_when_the_writer_is_idle(tmp_path: Path) -> None:
-    journal = HeldJournal(tmp_path)
+
+def open_journal(journal: Journal) -> Journal:
     journal.replay(PodDevices())
     journal.open()
+    return journal
+
+
+async def test_inline_append_is_durable_before_it_returns_when_the_writer_is_idle(tmp_path: Path) -> None:
+    journal = open_journal(HeldJournal(tmp_path))
     done = journal.append_all([alloc_record(alloc("p1", "d1")), alloc_record(alloc("p2", "d2"))], inline=True)
     # Written and fdatasync'd on this thread, both records in one write, before append_all returned.
     assert done.done() and done.exception() is None
     assert (journal.inline_syncs, journal.syncs, journal.writes_on) == (1, 1, ["MainThread"])
     assert state(replayed(tmp_path)) == {"p1": {"d1"}, "p2": {"d2"}}
-    # With a group in flight on the writer thread, an inline request queues behind it: order is kept.
-    queued = journal.append(release_record("p1"))
-    await asyncio.to_thread(journal.entered.wait, 10)
-    behind = journal.append_all([alloc_record(alloc("p1", "d9"))], inline=True)
-    assert not behind.done()
-    journal.go_on.set()
-    await asyncio.wait_for(asyncio.gather(queued, behind), 10)
-    assert journal.inline_syncs == 1 and journal.writes_on.count("journal-writer") == 2
     await journal.close()
-    assert state(replayed(tmp_path)) == {"p1": {"d9"}, "p2": {"d2"}}
+
+
+async def test_appends_of_one_loop_step_share_one_write_on_the_loop_when_it_ends(tmp_path: Path) -> None:
+    journal = open_journal(HeldJournal(tmp_path))
+    first = journal.append(alloc_record(alloc("p1", "d1")))
+    second = journal.append_all([alloc_record(alloc("p2", "d2")), alloc_record(alloc("p3", "d3"))])
+    third = journal.append(release_record("p1"))
+    assert not (first.done() or second.done() or third.done()) and journal.syncs == 0  # at the step's end
+    await asyncio.wait_for(asyncio.gather(first, second, third), 10)
+    assert (journal.syncs, journal.inline_syncs, journal.writes_on) == (1, 1, ["MainThread"])
+    # An inline append after a step's appends, in the same step, waits its turn: order is kept.
+    fourth = journal.append(alloc_record(alloc("p4", "d4")))
+    fifth = journal.append_all([release_record("p4")], inline=True)
+    assert not fifth.done()
+    await asyncio.wait_for(asyncio.gather(fourth, fifth), 10)
+    assert journal.syncs == 2
+    await journal.close()
+    assert state(replayed(tmp_path)) == {"p2": {"d2"}, "p3": {"d3"}}
+
+
+async def test_after_a_slow_write_appends_go_to_the_writer_thread_and_keep_their_order(tmp_path: Path) -> None:
+    journal = open_journal(HeldJournal(tmp_path, inline_sync_limit=0.05))
+    journal.slow_seconds = 0.06
+    await journal.append_all([alloc_record(alloc("p1", "d1"))], inline=True)  # on the loop, but too slow
+    queued = journal.append(release_record("p1"))
+    await asyncio.to_thread(journal.entered.wait, 10)  # the step ended: the batch went to the (held) writer
+    behind = journal.append_all([alloc_record(alloc("p1", "d9"))], inline=True)
+    later = journal.append(alloc_record(alloc("p2", "d2")))
+    await asyncio.sleep(0.05)
+    assert not (queued.done() or behind.done() or later.done())  # behind the writer's group, not around it
+    journal.go_on.set()
+    await asyncio.wait_for(asyncio.gather(queued, behind, later), 10)
+    assert journal.writes_on == ["MainThread", "journal-writer", "journal-writer"]
+    # The writer's fast writes bring the appends back to the loop.
+    await journal.append(release_record("p2"))
+    assert journal.writes_on[-1] == "MainThread"
+    await journal.close()
+    assert state(replayed(tmp_path)) == {"p1": {"d9"}}
+
+
+async def test_rotation_and_close_come_after_the_appends_of_their_step(tmp_path: Path) -> None:
+    journal = open_journal(Journal(tmp_path))
+    before = journal.append(alloc_record(alloc("p1", "d1")))
+    covered = journal.rotate()  # p1's record belongs to the segments the rotation covers
+    after = journal.append(alloc_record(alloc("p2", "d2")))
+    await asyncio.wait_for(asyncio.gather(before, after, journal.wait_closed(covered)), 10)
+    segments = list_segments(tmp_path)
+    assert [r["pod"] for seq, path in segments if seq <= covered for r in read_segment(path).records] == ["p1"]
+    assert [r["pod"] for seq, path in segments if seq > covered for r in read_segment(path).records] == ["p2"]
+    pending = journal.append(release_record("p2"))  # still in this step's batch when close() starts
+    await journal.close()
+    assert pending.done() and pending.exception() is None
+    assert state(replayed(tmp_path)) == {"p1": {"d1"}}
 
 
 async def test_a_slow_disk_sends_inline_appends_to_the_writer_thread(tmp_path: Path) -> None:

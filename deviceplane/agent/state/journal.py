@@ -159,17 +159,24 @@ INLINE_SYNC_LIMIT_SECONDS = 0.002
 
 
 class Journal:
-    """Appends on the event loop (buffered, ordered); one writer thread of its own writes and fdatasyncs them.
+    """Appends on the event loop (buffered, ordered), group-committed per loop step: the records appended in one
+    step are written together when it ends (`call_soon`), on the loop thread itself while the disk is fast (the last
+    fdatasync under `inline_sync_limit` seconds, typically 0.1-0.2 ms) and the writer thread is idle; else by a
+    writer thread of the journal's own, where records buffered while one write runs share the next.
 
-    A dedicated thread fed through a lock-protected queue, not `asyncio.to_thread` per group commit: that cost a
-    task, an executor work item and two chained futures per write on the event loop, the bottleneck of concurrent
-    admissions (benchmarks/README.md). The writer hands each finished group back with one `call_soon_threadsafe`.
+    On the loop, not in the thread, because a hand-off costs more than the write holds the loop: waking the writer,
+    its GIL hand-backs and the `call_soon_threadsafe` that wakes the loop again were ~5 context switches per
+    admission with 8 in flight, and cost 10-15% of the concurrent rate (benchmarks/README.md). While the loop waits
+    for the disk the other processes (plugins, clients) have the CPU, and what arrives meanwhile is handled in the
+    next step as one batch, whose records again share one write. A slow disk sends the writes to the thread, so the
+    loop is never held up by one for long.
 
-    An append may ask to be written `inline`: on the calling (event-loop) thread, at once. It is, when the writer has
-    nothing queued or in flight and the last fdatasync took under `inline_sync_limit` seconds. The caller asks when no
-    other admission is in flight, so there is no group to share and nothing else the loop could do meanwhile; the two
-    thread hand-offs it saves (waking the writer, waking the loop again) were ~80 µs of a ~1 ms sequential admission.
-    A slow disk sends appends back to the writer thread, so the loop is never held up by one for long.
+    An append may also ask to be written `inline`: now, not at the step's end, which saves an admission alone in
+    flight the extra loop step (nothing could share its write anyway).
+
+    The writer thread is fed through a lock-protected queue, not `asyncio.to_thread` per group commit: that cost a
+    task, an executor work item and two chained futures per write on the event loop. It hands each finished group
+    back with one `call_soon_threadsafe`.
     """
 
     def __init__(
@@ -200,6 +207,7 @@ class Journal:
         self._last_sync_seconds = 0.0
         self._dsync_writes = _RWF_DSYNC != 0
         self.corrupt_records = 0  # invalid records found in the middle of a segment at replay
+        self._batch: _Pending | None = None  # records appended in this loop step, not yet committed
 
     # -- start ---------------------------------------------------------------------------------------------------------
 
@@ -260,8 +268,8 @@ class Journal:
         return self.append_all([record])
 
     def append_all(self, records: Sequence[dict[str, Any]], inline: bool = False) -> asyncio.Future[None]:
-        """Buffer records (in call order, one group) and return a future resolved once all are durable; `inline`:
-        write them now on this thread if the writer is idle (see the class docstring)."""
+        """Buffer records (in call order) and return a future resolved once all are durable; `inline`: write them
+        now, not at the end of this loop step, if the writer is idle (see the class docstring)."""
         data = b"".join(encode_record(record) for record in records)
         loop = self._loop
         if loop is None:  # found once: get_running_loop() may cost a getpid() syscall (see AdmissionRunner)
@@ -272,10 +280,11 @@ class Journal:
                 group = _Pending(bytearray(data), [future])
                 seq = self._seq
             else:
-                pending = self._tail()
-                pending.data += data
-                pending.waiters.append(future)
-                self._kick()
+                if self._batch is None:  # the step's first append: commit the step's records once it ends
+                    self._batch = _Pending(bytearray(), [])
+                    loop.call_soon(self._commit_batch)
+                self._batch.data += data
+                self._batch.waiters.append(future)
                 return future
         # The writer is idle and only this (the loop's) thread wakes it, so it cannot start a write meanwhile.
         switched, error = self._write_group(seq, group)
@@ -283,10 +292,38 @@ class Journal:
         self._settle(switched, group, error)
         return future
 
+    def _commit_batch(self) -> None:
+        """The loop step that appended the batch has ended: write it here and now if the writer is idle and the
+        disk fast, else hand it to the writer thread."""
+        batch, self._batch = self._batch, None
+        if batch is None:
+            return
+        with self._lock:
+            if self._inline_allowed():
+                seq = self._seq
+            else:
+                pending = self._tail()
+                pending.data += batch.data
+                pending.waiters.extend(batch.waiters)
+                self._kick()
+                return
+        switched, error = self._write_group(seq, batch)
+        self.inline_syncs += 1
+        self._settle(switched, batch, error)
+
+    def _move_batch(self) -> None:
+        """Under `_lock`: the batch joins the writer's queue now (a barrier or rotation must come after it)."""
+        batch, self._batch = self._batch, None
+        if batch is not None:
+            pending = self._tail()
+            pending.data += batch.data
+            pending.waiters.extend(batch.waiters)
+
     def _inline_allowed(self) -> bool:
         """Under `_lock`: nothing queued, the writer waiting, the disk fast and the journal open."""
         return (
-            not self._queue
+            self._batch is None
+            and not self._queue
             and (self._writer is None or self._writer_idle)
             and self._last_sync_seconds < self._inline_sync_limit
             and self._fd is not None
@@ -296,6 +333,7 @@ class Journal:
         """A future resolved once every record appended before this call is durable (appends nothing)."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
+            self._move_batch()
             self._tail().waiters.append(future)
             self._kick()
         return future
@@ -310,6 +348,7 @@ class Journal:
     def rotate(self) -> int:
         """Send later records to a new segment; returns the last segment whose records all precede this point."""
         with self._lock:
+            self._move_batch()
             current = self._segment()
             self._queue.append((current + 1, _Pending(bytearray(), [])))
             self._kick()
@@ -455,6 +494,7 @@ class Journal:
 
     async def close(self) -> None:
         """Write what is buffered, stop the writer thread, close the segment."""
+        self._commit_batch()
         writer = self._writer
         if writer is not None:
             self._wake.put(_STOP)  # after any wake-up already queued: the writer drains the queue first
