@@ -6,8 +6,9 @@ machine, where compare.py's wall-clock latencies swing by 30% or more.
    the server process per request, sequential and 8 concurrent keep-alive clients.
 2. The agent: `deviceplane agent --debug-admit-api` with a 1,024-device sim plugin (Allocate only, or with
    --all-rpcs GetPreferredAllocation and PreStartContainer too), 1-device pods admitted through compare.py's load
-   generator (admit-load), sequential and 8 concurrent: admissions/s, and CPU per admission of the agent (all its
-   threads, and its event-loop thread alone), the sim plugin and the load generator. Where a throughput limit comes
+   generator (admit-load), sequential and 8 concurrent: admissions/s, CPU per admission of the agent (all its
+   threads, and its event-loop thread alone), the sim plugin and the load generator, and context switches per
+   admission of the agent and the sim (each a thread going to sleep or preempted). Where a throughput limit comes
    from on 2 CPUs: these add up to what one admission costs the machine.
 
     python benchmarks/entry_cpu.py [--requests 5000] [--pods 600] [--rounds 3] [--all-rpcs] [--only agent]
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -44,6 +46,17 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
     fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary context switches of all of a process's threads (each a sleep or preemption)."""
+    total = 0
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            for line in Path(f"/proc/{pid}/task/{thread}/status").read_text().splitlines():
+                if "ctxt_switches:" in line:
+                    total += int(line.split()[1])
+    return total
 
 
 def children_cpu() -> float:
@@ -142,15 +155,19 @@ def agent_cpu(pods: int, run: int, all_rpcs: bool) -> str:
         figures = []
         for workers in (1, 8):
             prefix = f"r{run}-w{workers}"
+            switches = (context_switches(pid), context_switches(sims[0].pid))
             before = (cpu_seconds(pid), cpu_seconds(pid, pid), cpu_seconds(sims[0].pid), children_cpu())
             cell = admit_many(side, prefix, PLAIN, pods, workers)
             after = (cpu_seconds(pid), cpu_seconds(pid, pid), cpu_seconds(sims[0].pid), children_cpu())
+            agent_switches = (context_switches(pid) - switches[0]) / pods
+            sim_switches = (context_switches(sims[0].pid) - switches[1]) / pods
             remove_many(side, prefix, pods)
             agent, loop, sim, client = ((a - b) / pods * 1e6 for a, b in zip(after, before, strict=True))
             how = "sequential" if workers == 1 else f"{workers} concurrent"
             figures.append(
                 f"{how}: {pods / cell.wall:,.0f}/s, CPU per admission: agent {agent:.0f} us (event loop {loop:.0f}), "
-                f"sim {sim:.0f}, load generator {client:.0f}"
+                f"sim {sim:.0f}, load generator {client:.0f}; context switches per admission: agent "
+                f"{agent_switches:.1f}, sim {sim_switches:.1f}"
             )
         what = "Allocate + GetPreferredAllocation + PreStart" if all_rpcs else "Allocate only"
         return f"agent ({what}) " + "; ".join(figures)
