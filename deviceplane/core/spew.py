@@ -10,36 +10,36 @@ Upstream hashes `spew.ConfigState{SortKeys: true, DisableMethods: true, ...}.Spr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from deviceplane.core.checkpoint_data import CheckpointData, PodDevicesEntry
 
 _NIL = "<nil>"
 
 
-def spew_text(data: CheckpointData) -> str:
-    """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`."""
-    return (
-        "(checkpoint.checkpointData){"
-        f"PodDeviceEntries:([]checkpoint.PodDevicesEntry){_entries(data.PodDeviceEntries)} "
-        f"RegisteredDevices:(map[string][]string){_string_keyed_map(data.RegisteredDevices)}"
-        "}"
-    )
-
-
-def _entries(entries: Iterable[PodDevicesEntry] | None) -> str:
-    if entries is None:
-        return _NIL
-    return "[" + " ".join(_entry(e) for e in entries) + "]"
-
-
-def _entry(entry: PodDevicesEntry) -> str:
+def spew_entry(entry: PodDevicesEntry) -> str:
     return (
         f"{{PodUID:(string){entry.PodUID}"
         f" ContainerName:(string){entry.ContainerName}"
         f" ResourceName:(string){entry.ResourceName}"
         f" DeviceIDs:(checkpoint.DevicesPerNUMA){_numa_keyed_map(entry.DeviceIDs)}"
         f" AllocResp:([]uint8){_bytes(entry.AllocResp)}}}"
+    )
+
+
+def spew_text(data: CheckpointData, entry_texts: Sequence[str] | None = None) -> str:
+    """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`; `entry_texts`: each entry's part, in
+    order, when the caller kept them (else made here by `spew_entry`)."""
+    entries = data.PodDeviceEntries
+    if entries is None:
+        listed = _NIL
+    else:
+        listed = "[" + " ".join(entry_texts if entry_texts is not None else map(spew_entry, entries)) + "]"
+    return (
+        "(checkpoint.checkpointData){"
+        f"PodDeviceEntries:([]checkpoint.PodDevicesEntry){listed} "
+        f"RegisteredDevices:(map[string][]string){_string_keyed_map(data.RegisteredDevices)}"
+        "}"
     )
 
 

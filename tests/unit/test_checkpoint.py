@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from deviceplane.core.checkpoint import (
     CheckpointData,
+    CheckpointEncoder,
     CheckpointFormatError,
     CorruptCheckpointError,
     PodDevicesEntry,
@@ -358,6 +359,31 @@ def test_encoding_is_json_of_the_data(data: CheckpointData) -> None:
         assert written["DeviceIDs"] == expected_ids
         expected_resp = None if entry.AllocResp is None else base64.b64encode(entry.AllocResp).decode()
         assert written["AllocResp"] == expected_resp
+
+
+@settings(max_examples=150)
+@given(st.lists(entries, min_size=1, max_size=8), st.lists(st.lists(st.integers(0, 7), max_size=8), max_size=6))
+def test_encoder_keeping_entry_texts_writes_what_encode_writes(
+    pool: list[PodDevicesEntry], picks: list[list[int]]
+) -> None:
+    """Checkpoints in a row sharing entry objects (as PodDevices' entries outlive many checkpoints), in any order,
+    with entries equal in content but distinct objects among them: byte for byte what `encode` writes."""
+    encoder = CheckpointEncoder()
+    registered = {"example.com/r": ["a", "b"]}
+    for pick in picks:
+        chosen = [pool[i % len(pool)] for i in pick]
+        chosen += [PodDevicesEntry(**vars(entry)) for entry in chosen[:1]]  # an equal copy: a new object
+        data = CheckpointData(chosen or None, registered)
+        assert encoder.encode(data) == encode(data)
+
+
+def test_encoder_after_an_entry_go_cannot_hold_goes_on() -> None:
+    encoder = CheckpointEncoder()
+    good = PodDevicesEntry("p1", "c", "example.com/r", {0: ["d1"]}, ALLOC_RESP)
+    bad = PodDevicesEntry("p2", "c", "example.com/r", {0: ["\ud800"]}, ALLOC_RESP)
+    with pytest.raises(ValueError, match="lone surrogate"):
+        encoder.encode(CheckpointData([good, bad], {}))
+    assert encoder.encode(CheckpointData([good], {})) == encode(CheckpointData([good], {}))
 
 
 @given(st.binary(max_size=512))
