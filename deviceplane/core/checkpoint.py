@@ -111,8 +111,8 @@ def encode(data: CheckpointData, entry_texts: Sequence[tuple[str, str]] | None =
     entries = data.PodDeviceEntries
     if entries is not None and entry_texts is None:
         entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
-    listed = "null" if entries is None else "[" + ",".join(json for json, _ in entry_texts or ()) + "]"
-    spews = None if entry_texts is None else [spew for _, spew in entry_texts]
+    listed = "null" if entries is None else "[" + ",".join(as_json for as_json, _ in entry_texts or ()) + "]"
+    spews = None if entry_texts is None else [as_spew for _, as_spew in entry_texts]
     text = (
         f'{{"Data":{{"PodDeviceEntries":{listed}'
         f',"RegisteredDevices":{_string_keyed_json(data.RegisteredDevices)}}}'
