@@ -314,6 +314,22 @@ def http_ok(url: str) -> bool:
         return False
 
 
+class NotReady(Exception):
+    """A probe answered, and said why it is not ready."""
+
+
+def probe_ok(url: str) -> bool:
+    """True if GET url answers 200; raises NotReady with the answer's text on an HTTP error (so a wait that times out
+    says why), False when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return bool(resp.status == 200)
+    except urllib.error.HTTPError as err:
+        raise NotReady(f"{err.code}: {err.read().decode(errors='replace')[:300]}") from None
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def http_json(url: str, *, method: str = "GET", body: Any = None, timeout: float = 10) -> Any:
     """GET/POST JSON over plain HTTP (local test servers); raises urllib.error.HTTPError on >= 400."""
     data = None if body is None else json.dumps(body).encode()

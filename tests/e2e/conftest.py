@@ -47,6 +47,7 @@ from .cluster import (
     http_json,
     http_ok,
     missing_binaries,
+    probe_ok,
 )
 from .procs import Proc, Procs, wait_for
 
@@ -355,7 +356,7 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
         started.append(p)
         agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir, pr_dir / "kubelet.sock")
         # Ready means serving: the HTTP API and the registration socket <plugin_dir>/kubelet.sock.
-        wait_for("deviceplane agent /readyz", lambda: http_ok(agent.url + "/readyz"), procs=[p], timeout=60)
+        wait_for("deviceplane agent /readyz", lambda: probe_ok(agent.url + "/readyz"), procs=[p], timeout=60)
         return agent
 
     yield start
