@@ -109,10 +109,13 @@ def encode(data: CheckpointData, entry_texts: Sequence[tuple[str, str]] | None =
     Raises ValueError for what Go could not hold: a NUMA id outside int64 or a string that is not valid Unicode.
     """
     entries = data.PodDeviceEntries
-    if entries is not None and entry_texts is None:
-        entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
-    listed = "null" if entries is None else "[" + ",".join(as_json for as_json, _ in entry_texts or ()) + "]"
-    spews = None if entry_texts is None else [as_spew for _, as_spew in entry_texts]
+    if entries is None:
+        listed, spews = "null", None
+    else:
+        if entry_texts is None:
+            entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
+        listed = "[" + ",".join(as_json for as_json, _ in entry_texts) + "]"
+        spews = [as_spew for _, as_spew in entry_texts]
     text = (
         f'{{"Data":{{"PodDeviceEntries":{listed}'
         f',"RegisteredDevices":{_string_keyed_json(data.RegisteredDevices)}}}'
@@ -125,8 +128,8 @@ class CheckpointEncoder:
     """`encode`, keeping each entry's JSON and go-spew texts while the entry is in the data written. Entries never
     change once made (PodDevices replaces an entry, it does not edit one), and most outlive many checkpoints, so a
     checkpoint costs the texts of the entries new since the last one rather than of all: with 5,000 entries ~40 ms of
-    pure Python became a few ms (benchmarks/README.md). That work runs in a worker thread and holds the GIL, which
-    the event loop then waits for. One writer at a time (the caller serialises)."""
+    pure Python became ~6 ms (benchmarks/checkpoint_encode.py). That work runs in a worker thread and holds the GIL,
+    which the event loop then waits for. One writer at a time (the caller serialises)."""
 
     def __init__(self) -> None:
         # id(entry) -> (entry, (JSON, spew)); the entry is kept so that its id cannot be reused by another meanwhile.

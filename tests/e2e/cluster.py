@@ -305,15 +305,6 @@ class Cluster:
         )
 
 
-def http_ok(url: str) -> bool:
-    """True if GET url answers 200 (local plain-HTTP servers); False on any error."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 class NotReady(Exception):
     """A probe answered, and said why it is not ready."""
 
@@ -327,6 +318,14 @@ def probe_ok(url: str) -> bool:
     except urllib.error.HTTPError as err:
         raise NotReady(f"{err.code}: {err.read().decode(errors='replace')[:300]}") from None
     except (urllib.error.URLError, OSError):
+        return False
+
+
+def http_ok(url: str) -> bool:
+    """True if GET url answers 200 (local plain-HTTP servers); False on any error."""
+    try:
+        return probe_ok(url)
+    except NotReady:
         return False
 
 

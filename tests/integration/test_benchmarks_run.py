@@ -22,6 +22,7 @@ from tests.support.procs import ROOT, child_env
         ("entry_cpu.py", ["--requests", "50", "--pods", "20", "--rounds", "1"], "CPU per admission: agent"),
         ("choice.py", ["--rounds", "1", "--preferred"], "5000 (same)"),
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
+        ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "CheckpointEncoder, 2 of them replaced since"),
         (
             "compare.py",
             [

@@ -62,8 +62,9 @@ class PluginClient:
         is asked.
         """
         try:
+            # The request is an Empty, whose wire form is no bytes.
             wire = await self._channel.unary(SERVICE + "GetDevicePluginOptions", b"", timeout, wait_for_ready=True)
-            options = parse(pb.DevicePluginOptions, wire)  # Empty request: its wire form is no bytes
+            options = parse(pb.DevicePluginOptions, wire)
         except RpcError as err:
             # Under wait_for_ready, an unreachable plugin is the deadline passing with no connection ever made.
             if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED and not self._channel.connected_once:

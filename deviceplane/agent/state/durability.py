@@ -25,8 +25,9 @@ from deviceplane.core.registry import DeviceRegistry
 log = logging.getLogger("deviceplane.durability")
 
 # The background checkpoint runs at most this often, and never more than 1/PACING of the time: its encoding is
-# pure-Python work that competes with admissions for the GIL (5,000 entries: ~40 ms when all are new, 5-8 ms when
-# their texts are kept from the last checkpoint, core.checkpoint.CheckpointEncoder; plus the write and its fsyncs).
+# pure-Python work that competes with admissions for the GIL (5,000 entries: ~40 ms when all are new, ~6 ms when
+# their texts are kept from the last checkpoint, core.checkpoint.CheckpointEncoder; plus the write and its fsyncs:
+# benchmarks/checkpoint_encode.py).
 MIN_CHECKPOINT_INTERVAL_SECONDS = 1.0
 CHECKPOINT_PACING = 50.0
 

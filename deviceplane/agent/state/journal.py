@@ -165,10 +165,11 @@ class Journal:
     writer thread of the journal's own, where records buffered while one write runs share the next.
 
     On the loop, not in the thread, because a hand-off costs more than the write holds the loop: waking the writer,
-    its GIL hand-backs and the `call_soon_threadsafe` that wakes the loop again were ~5 context switches per
-    admission with 8 in flight, and cost 10-15% of the concurrent rate (benchmarks/README.md). While the loop waits
-    for the disk the other processes (plugins, clients) have the CPU, and what arrives meanwhile is handled in the
-    next step as one batch, whose records again share one write. A slow disk sends the writes to the thread, so the
+    its GIL hand-backs and the `call_soon_threadsafe` that wakes the loop again were 5.6-6.9 context switches per
+    admission with 8 in flight (against 1.6-2.1 now), and the concurrent rate's median over three alternated pairs
+    went from 2,240 to 2,404/s (benchmarks/README.md). While the loop waits for the disk the other processes
+    (plugins, clients) have the CPU, and what arrives meanwhile is handled in the next step as one batch, whose
+    records again share one write. A slow disk sends the writes to the thread, so the
     loop is never held up by one for long.
 
     An append may also ask to be written `inline`: now, not at the step's end, which saves an admission alone in
@@ -286,38 +287,40 @@ class Journal:
                 self._batch.data += data
                 self._batch.waiters.append(future)
                 return future
-        # The writer is idle and only this (the loop's) thread wakes it, so it cannot start a write meanwhile.
-        switched, error = self._write_group(seq, group)
-        self.inline_syncs += 1
-        self._settle(switched, group, error)
+        self._write_on_loop(seq, group)
         return future
 
     def _commit_batch(self) -> None:
         """The loop step that appended the batch has ended: write it here and now if the writer is idle and the
         disk fast, else hand it to the writer thread."""
-        batch, self._batch = self._batch, None
-        if batch is None:
-            return
         with self._lock:
-            if self._inline_allowed():
-                seq = self._seq
-            else:
-                pending = self._tail()
-                pending.data += batch.data
-                pending.waiters.extend(batch.waiters)
+            batch, self._batch = self._batch, None
+            if batch is None:
+                return
+            if not self._inline_allowed():
+                self._enqueue(batch)
                 self._kick()
                 return
-        switched, error = self._write_group(seq, batch)
+            seq = self._seq
+        self._write_on_loop(seq, batch)
+
+    def _write_on_loop(self, seq: int, group: _Pending) -> None:
+        # The writer is idle and only this (the loop's) thread wakes it, so it cannot start a write meanwhile.
+        switched, error = self._write_group(seq, group)
         self.inline_syncs += 1
-        self._settle(switched, batch, error)
+        self._settle(switched, group, error)
 
     def _move_batch(self) -> None:
         """Under `_lock`: the batch joins the writer's queue now (a barrier or rotation must come after it)."""
         batch, self._batch = self._batch, None
         if batch is not None:
-            pending = self._tail()
-            pending.data += batch.data
-            pending.waiters.extend(batch.waiters)
+            self._enqueue(batch)
+
+    def _enqueue(self, pending: _Pending) -> None:
+        """Under `_lock`: `pending`'s records and waiters join the writer's queue, after everything in it."""
+        tail = self._tail()
+        tail.data += pending.data
+        tail.waiters.extend(pending.waiters)
 
     def _inline_allowed(self) -> bool:
         """Under `_lock`: nothing queued, the writer waiting, the disk fast and the journal open."""
