@@ -294,6 +294,17 @@ async def test_rotation_and_close_come_after_the_appends_of_their_step(tmp_path:
     assert state(replayed(tmp_path)) == {"p1": {"d1"}}
 
 
+async def test_close_writes_the_steps_batch_before_closing(tmp_path: Path) -> None:
+    """No writer thread ever started (every write was on the loop), so close() awaits nothing before closing the
+    segment: the batch must be written by close() itself, not by its step-end callback after the file is closed."""
+    journal = open_journal(Journal(tmp_path))
+    await journal.append(alloc_record(alloc("p1", "d1")))
+    pending = journal.append(alloc_record(alloc("p2", "d2")))
+    await journal.close()
+    assert pending.done() and pending.exception() is None
+    assert state(replayed(tmp_path)) == {"p1": {"d1"}, "p2": {"d2"}}
+
+
 async def test_a_slow_disk_sends_inline_appends_to_the_writer_thread(tmp_path: Path) -> None:
     journal = Journal(tmp_path, inline_sync_limit=0.0)  # every fdatasync counts as too slow to hold the loop for
     journal.replay(PodDevices())
