@@ -41,6 +41,22 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def wait_steady(read: Callable[[], T], hold: float = 0.5, timeout: float = 10.0, what: str = "value") -> T:
+    """Poll `read` until it returns the same value for `hold` seconds, and return that value.
+
+    For leak baselines: a count read while a transient task or fd is still alive would be one too high."""
+    deadline = time.monotonic() + timeout
+    value, since = read(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = read()
+        if now != value:
+            value, since = now, time.monotonic()
+        elif time.monotonic() - since >= hold:
+            return value
+    raise AssertionError(f"{what} did not hold steady for {hold}s within {timeout}s; last: {value!r}")
+
+
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
