@@ -60,28 +60,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     workdir = Path(tempfile.mkdtemp(prefix="deviceplane-demo-", dir="/tmp"))  # short: socket paths are limited
-    # SIGTERM ends the demo like Ctrl-C does: through the cleanup below.
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    stop = StopRequest()
+    # Ctrl-C and SIGTERM end the demo alike, through the cleanup below.
+    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with _processes() as procs:
-            Demo(console, workdir, procs).run(args.duration)
+            Demo(console, workdir, procs, stop).run(args.duration)
         return 0
-    except KeyboardInterrupt:
+    except Stopped:
         console.print("\nstopped")
         return 0
     except DemoError as err:
         console.print(f"[red]demo failed:[/red] {err}")
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if args.keep:
             console.print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
+class Stopped(Exception):
+    """Ctrl-C or SIGTERM, acted on."""
+
+
+class StopRequest:
+    """A signal only records the request; the demo acts on it where it checks (between its steps and sleeps).
+
+    Raising from the handler instead (KeyboardInterrupt) lands anywhere: inside `Popen.poll()` between taking its
+    waitpid lock and the `try` that releases it, the cleanup's `wait()` then blocks on that lock for ever."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise Stopped
 
 
 # -- processes -----------------------------------------------------------------------------------------------
@@ -105,13 +124,16 @@ class Processes:
             if proc.poll() is not None:
                 raise DemoError(f"{name} exited with status {proc.returncode}; see {log}:\n{_tail(log)}")
 
-    def stop_all(self) -> None:
+    def stop_all(self, grace: float = 10.0) -> None:
+        """SIGTERM to every child, plugins first; whoever is still running `grace` seconds later (all together, not
+        each) is killed."""
         for _, proc, _ in reversed(self.started):  # plugins first, the agent last
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
         for _, proc, _ in self.started:
             try:
-                proc.wait(10)
+                proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
@@ -158,10 +180,11 @@ def _state(resources: list[dict[str, Any]]) -> Any:
 
 
 class Demo:
-    def __init__(self, console: Console, workdir: Path, procs: Processes) -> None:
+    def __init__(self, console: Console, workdir: Path, procs: Processes, stop: StopRequest) -> None:
         self.console = console
         self.workdir = workdir
         self.procs = procs
+        self.stop = stop
         self.plugin_dir = workdir / "device-plugins"
         self.cola_dir = workdir / "cola"
         self.pod_dir = workdir / "pods"
@@ -171,6 +194,7 @@ class Demo:
     def wait(self, check: Callable[[], T | None], within: float, what: str) -> T:
         deadline = time.monotonic() + within
         while True:
+            self.stop.check()
             self.procs.check_alive()
             try:
                 value = check()
@@ -278,6 +302,7 @@ class Demo:
         last = _state(self.resource_list())
         while deadline is None or time.monotonic() < deadline:
             time.sleep(0.5)
+            self.stop.check()
             self.procs.check_alive()
             try:
                 resources = self.resource_list()
