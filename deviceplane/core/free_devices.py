@@ -10,14 +10,12 @@ rebuilt when a snapshot replaces the resource's devices or health.
 from __future__ import annotations
 
 import bisect
-import functools
 import heapq
 from collections.abc import Collection, Iterable, Set
 
 from deviceplane.core import ordering
 
-# Allocation sorts the same IDs again and again: cache their keys.
-natural_key = functools.lru_cache(maxsize=1 << 16)(ordering.natural_key)
+natural_key = ordering.cached_natural_key
 
 
 def natural_sorted(ids: Iterable[str]) -> list[str]:

@@ -7,10 +7,13 @@ close together and leaves whole nodes free for others. Deterministic, unlike Go 
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 
 from deviceplane.core.constants import NODE_WITHOUT_TOPOLOGY
-from deviceplane.core.ordering import natural_key
+from deviceplane.core.ordering import cached_natural_key
+
+_NO_TOPOLOGY = (NODE_WITHOUT_TOPOLOGY,)
 
 
 def pack_on_numa(
@@ -23,11 +26,12 @@ def pack_on_numa(
     by_node: dict[int, list[str]] = {}
     for device_id in dict.fromkeys(available):
         if device_id not in taken:
-            nodes = numa_of.get(device_id) or (NODE_WITHOUT_TOPOLOGY,)
-            by_node.setdefault(min(nodes), []).append(device_id)
+            nodes = numa_of.get(device_id) or _NO_TOPOLOGY
+            by_node.setdefault(nodes[0] if len(nodes) == 1 else min(nodes), []).append(device_id)
     for _, ids in sorted(by_node.items(), key=lambda item: (-len(item[1]), item[0])):
-        for device_id in sorted(ids, key=natural_key):
-            if len(chosen) == size:
-                return chosen
-            chosen.append(device_id)
+        if len(chosen) == size:
+            break
+        # Only the first few in natural order are taken: no need to sort the node's every device (a GPU node
+        # asks with all its free IDs for each container). nsmallest is stable, as sorted()[:n] is.
+        chosen.extend(heapq.nsmallest(size - len(chosen), ids, key=cached_natural_key))
     return chosen

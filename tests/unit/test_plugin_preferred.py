@@ -3,8 +3,10 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deviceplane.plugin.preferred import natural_key, pack_on_numa
+from deviceplane.core.ordering import natural_key
+from deviceplane.plugin.preferred import pack_on_numa
 from deviceplane.plugin.sim import numa_layout
+from tests.unit.preferred_oracle import sorting_everything
 
 NUMA = numa_layout(8, 2)  # sim-0..3 on node 0, sim-4..7 on node 1
 
@@ -57,3 +59,16 @@ def test_properties(available, data):
     free = {node: [d for d in available if d not in must and NUMA[d][0] == node] for node in (0, 1)}
     if rest and any(len(v) >= len(rest) for v in free.values()):
         assert len({NUMA[d][0] for d in rest}) == 1  # packed on one node whenever one node can hold it
+
+
+# IDs whose natural keys tie ("d1", "d01"), several NUMA nodes per device, devices without topology.
+odd_ids = st.lists(st.from_regex(r"\Ad[0-9]{1,3}(-[a-c])?\Z"), unique=True, max_size=40)
+
+
+@given(available=odd_ids, data=st.data())
+def test_same_answer_as_sorting_everything(available, data):
+    """Against the first version (tests/unit/preferred_oracle.py), which sorted every device of a node."""
+    numa_of = {d: data.draw(st.lists(st.integers(0, 3), max_size=3), label=d) for d in available}
+    must = data.draw(st.lists(st.sampled_from(available), max_size=5) if available else st.just([]))
+    size = data.draw(st.integers(min_value=0, max_value=len(available) + 2))
+    assert pack_on_numa(available, must, size, numa_of) == sorting_everything(available, must, size, numa_of)
