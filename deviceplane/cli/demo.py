@@ -36,6 +36,8 @@ T = TypeVar("T")
 
 SIM = "example.com/sim"
 COLA = "example.com/cola"
+SIM_DEVICES = 8
+CANS = ("can-0", "can-1", "can-2")  # the files plugin's first devices: one file each
 FLIPPED = "sim-3"
 PODS = {  # name -> (container, resource, count): static pods the agent admits
     "trainer": ("train", SIM, 2),
@@ -224,7 +226,7 @@ class Demo:
         self.plugin_dir.mkdir()
         self.cola_dir.mkdir()
         self.pod_dir.mkdir()
-        for name in ("can-0", "can-1", "can-2"):
+        for name in CANS:
             (self.cola_dir / name).write_text(f"{name}\n")
 
         say(f"[bold]deviceplane demo[/bold] in {self.workdir}")
@@ -239,17 +241,20 @@ class Demo:
         )  # fmt: skip
         self.wait(lambda: _get(f"{self.agent_url}/healthz"), 30, "the agent's /healthz")
 
-        say(f"starting plugins: sim ({SIM}, 8 devices on 2 NUMA nodes) and files ({COLA}, {self.cola_dir}) ...")
+        sim_shown = f"{SIM}, {SIM_DEVICES} devices on 2 NUMA nodes"
+        say(f"starting plugins: sim ({sim_shown}) and files ({COLA}, {self.cola_dir}) ...")
         self.procs.start(
             "sim plugin", self.workdir / "sim.log",
-            "plugin", "sim", "--plugin-dir", str(self.plugin_dir), "--resource", SIM, "--count", "8", "--numa", "2",
+            "plugin", "sim", "--plugin-dir", str(self.plugin_dir), "--resource", SIM,
+            "--count", str(SIM_DEVICES), "--numa", "2",
             "--control", self.control_url.removeprefix("http://"),
         )  # fmt: skip
         self.procs.start(
             "files plugin", self.workdir / "files.log",
             "plugin", "files", "--plugin-dir", str(self.plugin_dir), "--resource", COLA, "--dir", str(self.cola_dir),
         )  # fmt: skip
-        self.wait(lambda: self._connected(SIM, COLA), 30, "both plugins to register with the agent")
+        listed = {SIM: SIM_DEVICES, COLA: len(CANS)}
+        self.wait(lambda: self._listed(listed), 30, "both plugins to register and list their devices")
         say(self.render("what the agent sees (GET /api/v1/devices)", self.resource_list()))
 
         say(f"\n[bold]marking {FLIPPED} unhealthy[/bold] (POST {self.control_url}/devices/{FLIPPED}/unhealthy)")
@@ -269,9 +274,14 @@ class Demo:
         say(f"\nwatching for changes ({limit}); try: curl -X POST {self.control_url}/devices/sim-0/unhealthy")
         self.watch(duration)
 
-    def _connected(self, *names: str) -> bool:
+    def _listed(self, expected: dict[str, int]) -> bool:
+        """Each plugin connected and its devices listed: registration alone comes before the first ListAndWatch
+        answer, and the table would show the resource with no devices."""
         resources = self.resources()
-        return all(n in resources and resources[n]["plugin"]["connected"] for n in names)
+        return all(
+            name in resources and resources[name]["plugin"]["connected"] and len(resources[name]["devices"]) == count
+            for name, count in expected.items()
+        )
 
     def admit_pods(self) -> None:
         """Two static pods, and the devices the agent allocated to them."""
