@@ -23,6 +23,7 @@ class OperatorOptions:
     kubeconfig: str | None = None
     namespaces: tuple[str, ...] = ()  # empty: all namespaces
     peering: str | None = None  # None: standalone (one replica, no peering objects)
+    priority: int = 0  # among peers: the highest works, the others pause (equal ones all pause)
     liveness: str | None = "http://127.0.0.1:8080/healthz"
     metrics_host: str | None = "127.0.0.1"
     metrics_port: int = 9451
@@ -47,6 +48,7 @@ class Operator:
             settings=self.settings,
             standalone=self.options.peering is None,
             peering_name=self.options.peering,
+            priority=self.options.priority,
             clusterwide=not self.options.namespaces,
             namespaces=self.options.namespaces,
             liveness_endpoint=self.options.liveness,
@@ -62,6 +64,7 @@ def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
     settings.peering.standalone = options.peering is None
     if options.peering is not None:
         settings.peering.name = options.peering
+        settings.peering.priority = options.priority
     managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     # Server-side filtering: only our DaemonSets and their pods stream to us, not every pod in the cluster.
     settings.watching.label_selectors["daemonsets"] = managed

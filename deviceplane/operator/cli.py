@@ -30,7 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering",
         default=None,
         metavar="NAME",
-        help="coordinate replicas through kopf peering object NAME [off: run one replica]",
+        help="coordinate replicas through kopf peering object NAME (manifests/extras/peering/) "
+        "[off: run one replica]",
+    )
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="with --peering: the replica with the highest priority works, the others pause; replicas with the "
+        "same priority all pause, so give each its own [0]",
     )
     parser.add_argument(
         "--liveness",
@@ -47,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.priority is not None and args.peering is None:
+        raise SystemExit(
+            "deviceplane operator: --priority needs --peering NAME (without peering there is no one to yield to)"
+        )
     if args.kubeconfig:
         # kopf's login goes through the kubernetes client, which reads $KUBECONFIG when it is imported (next line).
         os.environ["KUBECONFIG"] = args.kubeconfig
@@ -57,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
         # kopf logs every handler call at info; ours say what was decided.
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # a line per health probe otherwise
+        # But pausing for a peer and resuming are worth a line each.
+        logging.getLogger("kopf._core.engines.peering").setLevel(logging.INFO)
     host, _, port = args.metrics_addr.rpartition(":")
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,
         namespaces=tuple(args.namespace),
         peering=args.peering,
+        priority=args.priority or 0,
         liveness=args.liveness,
         metrics_host=None if args.no_metrics else host,
         metrics_port=int(port),

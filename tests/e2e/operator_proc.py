@@ -23,6 +23,7 @@ class Operator:
     cluster: Cluster
     procs: Procs
     kubeconfig: Path
+    args: tuple[str, ...] = ()  # more flags (e.g. --peering)
     proc: Proc | None = None
     metrics_url: str = ""
 
@@ -39,6 +40,7 @@ class Operator:
             f"http://127.0.0.1:{health}/healthz",
             "--metrics-addr",
             f"127.0.0.1:{metrics}",
+            *self.args,
         ]
         self.proc = self.procs.start("deviceplane-operator", argv, cwd=REPO)
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"

@@ -18,7 +18,7 @@ import pytest
 
 from .cluster import REPO, Cluster, KubectlError
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
-from .procs import Procs, wait_for
+from .procs import Proc, Procs, wait_for
 
 MANIFESTS = REPO / "manifests"
 EXAMPLES = MANIFESTS / "examples"
@@ -419,3 +419,79 @@ def test_restart_causes_no_writes_and_steady_state_sends_no_mutating_request(
     assert operator.metric("deviceplane_operator_writes_total") == 0
     assert operator.metric('deviceplane_operator_reconcile_total{result="failed"}') == 0
     delete_configs(cluster, namespace, *(f"rest-{i}" for i in range(3)))
+
+
+# ---- peering: replicas with --peering/--priority ----------------------------------------------------------------
+
+
+def test_peering_the_higher_priority_replica_works_and_hands_back(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """Two replicas meet in the ClusterKopfPeering of manifests/extras/peering: the higher priority one reconciles,
+    the other pauses and writes nothing; when the higher one stops, the other resumes and reconciles what changed."""
+    cluster = operator.cluster
+    operator.stop()  # the module's replica runs without peering: it would write regardless
+    # The two steps docs/operator.md gives: CRDs (and RBAC), then the peering object.
+    peering = MANIFESTS / "extras" / "peering"
+    cluster.kubectl("apply", "-f", str(peering / "10-crds.yaml"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
+    out = cluster.kubectl("apply", "-f", str(peering / "20-peering.yaml"))
+    assert "clusterkopfpeering.kopf.dev/deviceplane-operator" in out, out
+    started: list[Operator] = []
+
+    def replica(priority: int) -> Operator:
+        peer = Operator(
+            cluster,
+            operator.procs,
+            operator.kubeconfig,
+            ("--peering", "deviceplane-operator", "--priority", str(priority)),
+        )
+        started.append(peer)
+        peer.start()
+        return peer
+
+    def log_of(peer: Operator) -> str:
+        assert peer.proc is not None
+        return peer.proc.log.read_text(errors="replace")
+
+    def alive(*peers: Operator) -> list[Proc]:
+        return [p.proc for p in peers if p.proc is not None]
+
+    def ds_args(config: str) -> list[str]:
+        items = cluster.get_json("ds", "-n", namespace, "-l", f"deviceplane.io/config={config}")["items"]
+        return list(items[0]["spec"]["template"]["spec"]["containers"][0].get("args", [])) if items else []
+
+    writes = "deviceplane_operator_writes_total"
+    t = tag()
+    label = f"e2e-peer-{t}"
+    nodes = set(kwok_nodes(1, prefix="peer", labels={label: "1"}, taints=[]))
+    try:
+        low = replica(10)
+        cluster.apply(dpc("peer-a", namespace, f"example.com/peer-a-{t}", nodeSelector={label: "1"}))
+        wait_ready(cluster, low, namespace, "peer-a", nodes)
+        assert low.metric(writes) > 0
+
+        high = replica(20)
+        wait_for("the lower replica to pause", lambda: "Pausing operations in favour of" in log_of(low),
+                 procs=alive(low, high), timeout=30)  # fmt: skip
+        settled = low.metric(writes)
+        time.sleep(2)  # a reconcile the pause found under way ends; after it, nothing
+        assert low.metric(writes) == settled
+        cluster.apply(dpc("peer-b", namespace, f"example.com/peer-b-{t}", nodeSelector={label: "1"}))
+        wait_ready(cluster, high, namespace, "peer-b", nodes)
+        assert high.metric(writes) > 0
+        assert low.metric(writes) == settled, "the paused replica wrote"
+        assert "Possibly conflicting operators" not in log_of(low) + log_of(high)
+
+        high.stop()  # SIGTERM: it leaves the peering object, and the lower one resumes
+        wait_for("the lower replica to resume", lambda: "Resuming operations" in log_of(low),
+                 procs=alive(low), timeout=30)  # fmt: skip
+        args = ["plugin", "sim", "--count", "2"]
+        cluster.apply(dpc("peer-b", namespace, f"example.com/peer-b-{t}", nodeSelector={label: "1"}, args=args))
+        wait_for("the resumed replica to roll out peer-b's new args", lambda: ds_args("peer-b") == args,
+                 procs=alive(low), timeout=ROLLOUT)  # fmt: skip
+        assert low.metric(writes) > settled
+        delete_configs(cluster, namespace, "peer-a", "peer-b")
+    finally:
+        for peer in started:
+            peer.stop()
