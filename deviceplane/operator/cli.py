@@ -30,8 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering",
         default=None,
         metavar="NAME",
-        help="coordinate replicas through kopf peering object NAME (manifests/extras/peering/) "
-        "[off: run one replica]",
+        help="coordinate replicas through kopf peering object NAME (manifests/extras/peering/) [off: run one replica]",
     )
     parser.add_argument(
         "--priority",

@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.procs import wait_steady
+
 from .cluster import REPO, Cluster, KubectlError
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Proc, Procs, wait_for
@@ -474,9 +476,8 @@ def test_peering_the_higher_priority_replica_works_and_hands_back(
         high = replica(20)
         wait_for("the lower replica to pause", lambda: "Pausing operations in favour of" in log_of(low),
                  procs=alive(low, high), timeout=30)  # fmt: skip
-        settled = low.metric(writes)
-        time.sleep(2)  # a reconcile the pause found under way ends; after it, nothing
-        assert low.metric(writes) == settled
+        # A reconcile the pause found under way may still finish; after that, nothing.
+        settled = wait_steady(lambda: low.metric(writes), hold=2, timeout=30, what="the paused replica's writes")
         cluster.apply(dpc("peer-b", namespace, f"example.com/peer-b-{t}", nodeSelector={label: "1"}))
         wait_ready(cluster, high, namespace, "peer-b", nodes)
         assert high.metric(writes) > 0
