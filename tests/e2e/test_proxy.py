@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -79,6 +80,15 @@ def start_sim(procs: Procs, plugin_dir: Path, count: int = 4, numa: int = 0) -> 
 
     wait_for("sim control address", printed, procs=[p], timeout=30)
     return p, url[0]
+
+
+def py_spy_dump(pid: int) -> str:
+    """Every thread's stack of a live process (py-spy, from the bench extra), for a failure message."""
+    try:
+        done = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"py-spy dump {pid}: {err}"
+    return done.stdout + done.stderr
 
 
 def counts(h: Harness, resource: str) -> tuple[int | None, int | None]:
@@ -297,8 +307,14 @@ def test_agent_kill9_mid_traffic_then_restart(
     launched = time.monotonic()
     try:
         restarted = start_proxy(deviceplane_agent, kubelet_dir, pod_resources, plugin_dir=agent.plugin_dir)
-    except TimeoutError as err:  # seen once in CI (agent not ready in 60 s): keep what the kubelet side said too
-        raise TimeoutError(f"{err}\n--- kubelet-harness ({h.proc.log}):\n{h.proc.log_tail(40)}") from None
+    except TimeoutError as err:
+        # Seen twice in CI: the restarted agent's /readyz never answered (its loop stuck?) while the harness's /admit
+        # hung. Keep what the kubelet side said, and where every thread of the agent was.
+        stuck = [p for p in procs.procs if p.name == "deviceplane-agent" and p.alive()]
+        stacks = "\n".join(py_spy_dump(p.pid) for p in stuck)
+        raise TimeoutError(
+            f"{err}\n--- kubelet-harness ({h.proc.log}):\n{h.proc.log_tail(40)}\n--- agent stacks:\n{stacks}"
+        ) from None
     ready = time.monotonic()
     wait_for("re-proxied", both, procs=[h.proc, restarted.proc, sample, sim], interval=0.05, timeout=5)
     wait_for(
