@@ -48,7 +48,6 @@ class Operator:
             settings=self.settings,
             standalone=self.options.peering is None,
             peering_name=self.options.peering,
-            priority=self.options.priority,
             clusterwide=not self.options.namespaces,
             namespaces=self.options.namespaces,
             liveness_endpoint=self.options.liveness,

@@ -169,8 +169,8 @@ class Journal:
     admission with 8 in flight (against 1.6-2.1 now), and the concurrent rate's median over three alternated pairs
     went from 2,240 to 2,404/s (benchmarks/README.md). While the loop waits for the disk the other processes
     (plugins, clients) have the CPU, and what arrives meanwhile is handled in the next step as one batch, whose
-    records again share one write. A slow disk sends the writes to the thread, so the
-    loop is never held up by one for long.
+    records again share one write. A slow disk sends the writes to the thread, so the loop is never held up by one
+    for long.
 
     An append may also ask to be written `inline`: now, not at the step's end, which saves an admission alone in
     flight the extra loop step (nothing could share its write anyway).
