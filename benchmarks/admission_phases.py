@@ -1,0 +1,257 @@
+"""Where a sequential admission's time goes inside the agent, beside the floor measured in the same run.
+
+The agent runs as `deviceplane agent --debug-admit-api` with a 1,024-device sim plugin (Allocate only), as in
+compare.py, but started through this script, which wraps five of its methods to note a clock reading (about 1 us
+each; the product has no such hooks):
+
+    admission starts      Admitter._admit entered (the pod handed to admission; durationNs starts about here)
+    Allocate called       PluginClient.allocate entered (device choice done)
+    request sent          lean_grpc Connection.start returned (request built, framed, written to the socket)
+    response arrives      Connection.buffer_updated entered, first time after the request (bytes read)
+    Allocate returned     PluginClient.allocate returned (frames parsed, the call's task woken, message parsed)
+    durable write         Journal._durable_write entered / returned (the record's pwritev with RWF_DSYNC)
+    admission ends        Admitter._admit returned
+
+The phases are wall-clock time, not CPU: the `send` that writes the request wakes the plugin, which the scheduler may
+run on the agent's CPU at once, so the plugin's work can land in "request sent" instead of "waiting" (seen in a few
+runs here: ~370 us of sending, ~40 of waiting); their sum is what to compare then.
+
+1-device pods are admitted one at a time through admit-load (compare.py's Go client), `--rounds` x `--pods`, and the
+median of each phase is printed. In the same run, the floor's parts as compare.py measures them (lean_grpc's bare
+Allocate round trip to the same sim, a pwrite + fdatasync of a 512-byte record in a tight loop), and the same
+durable write issued after the CPU idled for about one round trip, as an admission issues it.
+
+    python benchmarks/admission_phases.py [--rounds 3] [--pods 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.compare import (  # noqa: E402
+    JOURNAL_RECORD_BYTES,
+    MEASURED_DEVICES,
+    PLAIN,
+    AgentSide,
+    admit_many,
+    fdatasyncs,
+    lean_allocates,
+    remove_many,
+    sim_socket,
+    start_sim,
+    stop_procs,
+    wait,
+)
+
+MARKS = ("start", "call", "sent", "arrived", "returned", "write", "written", "end")
+PHASES = (
+    ("start", "call", "admission steps before the RPC (pod checks, device choice, reservation)"),
+    ("call", "sent", "request built, framed and written to the plugin's socket"),
+    ("sent", "arrived", "waiting for the plugin's answer (the plugin's work and two wake-ups)"),
+    ("arrived", "returned", "response read: frames parsed, the call's task woken, message parsed"),
+    ("returned", "write", "after the RPC until the write: metrics, commit, journal record encoded"),
+    ("write", "written", "durable write: one pwritev with RWF_DSYNC"),
+    ("written", "end", "settling: the future resolved, the pod reported admitted"),
+)
+
+
+# ---- the hooked agent (runs in the agent's process) --------------------------------------------------------------
+
+
+def hooked_agent(out: str, argv: list[str]) -> int:
+    """Run the agent with clock readings noted at the phase boundaries, written to `out` when it exits."""
+    from deviceplane.agent.admission.admitter import Admitter
+    from deviceplane.agent.plugins.plugin_client import PluginClient
+    from deviceplane.agent.state.journal import Journal
+    from deviceplane.cli import main
+    from deviceplane.lean_grpc.connection import Connection
+
+    marks: list[tuple[str, int]] = []
+    note = marks.append
+    clock = time.perf_counter_ns
+
+    def around_async(cls: type, name: str, before: str, after: str) -> None:
+        original = getattr(cls, name)
+
+        async def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            note((before, clock()))
+            try:
+                return await original(self, *args, **kwargs)
+            finally:
+                note((after, clock()))
+
+        setattr(cls, name, wrapped)
+
+    def around_sync(cls: type, name: str, before: str | None, after: str | None) -> None:
+        original = getattr(cls, name)
+
+        def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if before is not None:
+                note((before, clock()))
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                if after is not None:
+                    note((after, clock()))
+
+        setattr(cls, name, wrapped)
+
+    around_async(Admitter, "_admit", "start", "end")
+    around_async(PluginClient, "allocate", "call", "returned")
+    around_sync(Connection, "start", None, "sent")
+    around_sync(Connection, "buffer_updated", "arrived", None)
+    around_sync(Journal, "_durable_write", "write", "written")
+    try:
+        return main(argv)
+    finally:
+        Path(out).write_text(json.dumps(marks))
+
+
+def phases_of(marks: list[tuple[str, int]]) -> tuple[dict[str, list[float]], list[float]]:
+    """Per phase, the seconds of each complete admission; and each one's total. Marks outside an admission (the
+    releases' journal writes, ListAndWatch traffic) are ignored; within one, the first reading of each kind counts."""
+    phases: dict[str, list[float]] = {f"{a}>{b}": [] for a, b, _ in PHASES}
+    totals: list[float] = []
+    seen: dict[str, int] | None = None
+    for kind, ns in marks:
+        if kind == "start":
+            seen = {"start": ns}
+        elif seen is not None and kind not in seen:
+            seen[kind] = ns
+            if kind == "end":
+                if all(k in seen for k in MARKS) and _in_order(seen):
+                    for a, b, _ in PHASES:
+                        phases[f"{a}>{b}"].append((seen[b] - seen[a]) / 1e9)
+                    totals.append((seen["end"] - seen["start"]) / 1e9)
+                seen = None
+    return phases, totals
+
+
+def _in_order(seen: dict[str, int]) -> bool:
+    readings = [seen[k] for k in MARKS]
+    return readings == sorted(readings)
+
+
+# ---- the benchmark -------------------------------------------------------------------------------------------------
+
+
+class HookedAgentSide(AgentSide):
+    def __init__(self, work: Path) -> None:
+        super().__init__(work)
+        self.marks_file = work / "marks.json"
+
+    def argv(self) -> list[str]:
+        plain = super().argv()
+        return [plain[0], __file__, "--hooked-agent", str(self.marks_file), "--", *plain[3:]]
+
+
+def durable_writes_after_idle(directory: Path, idle: float, count: int) -> list[float]:
+    """The floor's write, each issued after sleeping `idle` seconds (as an admission issues it after its RPC)."""
+    path = directory / "idle.probe"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, bytes(1 << 20))
+        os.fsync(fd)
+        record = b"x" * (JOURNAL_RECORD_BYTES - 1) + b"\n"
+        timings = []
+        for i in range(count):
+            time.sleep(idle)
+            started = time.perf_counter()
+            os.pwrite(fd, record, i * JOURNAL_RECORD_BYTES)
+            os.fdatasync(fd)
+            timings.append(time.perf_counter() - started)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return timings
+
+
+def us(seconds: float) -> str:
+    return f"{seconds * 1e6:7.0f}"
+
+
+def run(rounds: int, pods: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="phases-") as tmp:
+        side = HookedAgentSide(Path(tmp))
+        side.plugin_dir.mkdir(parents=True)
+        sims = [start_sim(side, PLAIN, MEASURED_DEVICES, 2, "--no-preferred-allocation", "--no-pre-start")]
+        client: list[float] = []
+        inside: list[float] = []
+        floors: dict[str, list[float]] = {"rtt": [], "fdatasync": [], "after idle": []}
+        try:
+            side.start()
+            wait(lambda: side.counts(PLAIN) == (MEASURED_DEVICES, MEASURED_DEVICES), 60, "the sim registered")
+            admit_many(side, "warm", PLAIN, 100, 1)
+            remove_many(side, "warm", 100)
+            for r in range(rounds):
+                cell = admit_many(side, f"r{r}", PLAIN, pods, 1)
+                remove_many(side, f"r{r}", pods)
+                client += cell.latencies
+                inside += cell.inside
+                rtt = statistics.median(asyncio.run(lean_allocates(sim_socket(side, PLAIN), 200)))
+                floors["rtt"].append(rtt)
+                floors["fdatasync"].append(statistics.median(fdatasyncs(side.work, 200)))
+                floors["after idle"].append(statistics.median(durable_writes_after_idle(side.work, rtt, 200)))
+        finally:
+            stop_procs(sims)
+            side.stop()
+        phases, totals = phases_of(json.loads(side.marks_file.read_text()))
+    report(phases, totals, client, inside, {k: statistics.median(v) for k, v in floors.items()})
+
+
+def report(
+    phases: dict[str, list[float]],
+    totals: list[float],
+    client: list[float],
+    inside: list[float],
+    floor: dict[str, float],
+) -> None:
+    median: Callable[[list[float]], float] = statistics.median
+    print(f"{len(totals)} sequential admissions, 1 device each, of a 1,024-device sim (Allocate only)")
+    print(f"{'us (p50)':>8}  phase")
+    for a, b, label in PHASES:
+        print(f"{us(median(phases[f'{a}>{b}']))}   {label}")
+    total = median(totals)
+    wait_plugin = median(phases["sent>arrived"])
+    write = median(phases["write>written"])
+    print(f"{us(total)}   the admission, start to end (hooked)")
+    print(f"{us(median(inside))}   durationNs as the agent reports it (p50)")
+    print(f"{us(median(client))}   through the HTTP entry, as admit-load timed it (p50)")
+    print(f"{us(total - wait_plugin - write)}   the agent's own steps: the admission minus the wait and the write")
+    print()
+    print("the floor's parts, same run (medians of the rounds' p50s):")
+    print(f"{us(floor['rtt'])}   bare Allocate round trip, lean_grpc, back to back")
+    print(f"{us(floor['fdatasync'])}   pwrite + fdatasync of {JOURNAL_RECORD_BYTES} bytes, back to back")
+    print(f"{us(floor['after idle'])}   the same write, each after the CPU idled for one round trip")
+    sum_floor = floor["rtt"] + floor["fdatasync"]
+    print(f"{us(sum_floor)}   floor (round trip + fdatasync); durationNs p50 = {median(inside) / sum_floor:.2f}x floor")
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--hooked-agent":
+        out, rest = sys.argv[2], sys.argv[3:]
+        raise SystemExit(hooked_agent(out, rest[1:] if rest[:1] == ["--"] else rest))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --pods admissions [3]")
+    parser.add_argument("--pods", type=int, default=1000, help="admissions per round, at most 1,024 [1000]")
+    args = parser.parse_args()
+    if not 0 < args.pods <= MEASURED_DEVICES:
+        parser.error(f"--pods must be 1..{MEASURED_DEVICES} (one device each, released after each round)")
+    run(args.rounds, args.pods)
+
+
+if __name__ == "__main__":
+    main()
