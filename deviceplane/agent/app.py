@@ -39,6 +39,7 @@ from deviceplane.agent.admission.runner import AdmissionRunner
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import CLUSTER_EXTRA_HINT, NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
+from deviceplane.agent.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog
 from deviceplane.agent.plugins.contracts import DeviceListener, PluginConnector
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_client import PluginClient
@@ -108,6 +109,8 @@ class AgentConfig:
     nodedevices_max_devices: int = NODEDEVICES_MAX_DEVICES
     # Benchmarking aid (serving/debug_admit.py): "127.0.0.1:PORT" of a loopback admit endpoint; agent mode only.
     debug_admit_addr: str | None = None
+    # The event-loop watchdog (loop_watchdog.py): a stall longer than this is logged with every thread's stack; 0 = off.
+    loop_stall_seconds: float = LOOP_STALL_SECONDS
 
 
 class Agent:
@@ -124,6 +127,10 @@ class Agent:
         self.metrics = AgentMetrics(self.registry, config.node_name, allocated)
         # Every long-lived task runs under it (the background list below, the plugin watcher).
         self.supervisor = Supervisor(self.metrics.prometheus)
+        # A thread that reports a blocked event loop, which /readyz and /metrics (served by that loop) cannot.
+        self.loop_watchdog = (
+            LoopWatchdog(config.loop_stall_seconds, self.metrics.prometheus) if config.loop_stall_seconds > 0 else None
+        )
         self.views = ApiViews(
             self.registry,
             self.pods,
@@ -278,6 +285,8 @@ class Agent:
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.loop_watchdog is not None:  # first, so a start that hangs is reported too
+            self.loop_watchdog.start()
         if self.cluster is not None and self.config.require_apiserver:
             await self._check_apiserver(self.cluster.api)
         plugin_dir = self.config.plugin_dir
@@ -352,6 +361,8 @@ class Agent:
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
+        if self.loop_watchdog is not None:  # last, so a stop that hangs is reported too
+            self.loop_watchdog.stop()
         log.info("agent stopped")
 
 

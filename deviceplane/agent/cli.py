@@ -129,6 +129,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="127.0.0.1:PORT",
         help="benchmarking aid: POST /debug/v1/admit and /debug/v1/remove on this loopback address [off]",
     )
+    parser.add_argument(
+        "--loop-stall-seconds",
+        type=duration,
+        default=5.0,
+        help="log an event loop held this long, with every thread's stack, and count it; 0 turns it off [5s]",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 
@@ -178,5 +184,6 @@ def run(args: argparse.Namespace) -> int:
         nodedevices_debounce=args.nodedevices_debounce,
         nodedevices_max_devices=args.nodedevices_max_devices,
         debug_admit_addr=args.debug_admit_api,
+        loop_stall_seconds=args.loop_stall_seconds,
     )
     return asyncio.run(run_agent(config))

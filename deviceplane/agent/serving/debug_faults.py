@@ -1,13 +1,20 @@
-"""A test-only fault hook: `POST /debug/fault?task=NAME` makes a supervised task fail as if its loop had raised.
+"""Test-only fault hooks, `POST /debug/fault?...`:
+
+- `task=NAME` makes a supervised task fail as if its loop had raised (see agent.supervisor);
+- `block_loop=SECONDS` (0 < SECONDS <= 30) blocks the event loop for that long with `time.sleep`, as a blocking call
+  or a spin in some part of the agent would. No real part can be made to do that on demand, so it is simulated
+  here; tests use it to show that the loop watchdog (agent/loop_watchdog.py) reports the stall and the agent goes
+  on afterwards. The answer comes once the block is over.
 
 Served only when the agent runs with `DEVICEPLANE_DEBUG_FAULTS=1` (off by default; the HTTP server listens on
-127.0.0.1 only). Tests use it to show that any supervised task's failure is seen (/readyz, the restart counter, the
-log) and repaired (restarted after its backoff); see agent.supervisor.
+127.0.0.1 only). Tests use them to show that a failure is seen (/readyz, the metrics, the log) and repaired.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Mapping
 
 from aiohttp import web
@@ -15,14 +22,40 @@ from aiohttp import web
 from deviceplane.agent.supervisor import Supervisor
 
 DEBUG_FAULTS_ENV = "DEVICEPLANE_DEBUG_FAULTS"
+MAX_BLOCK_SECONDS = 30.0
 
 
 def debug_faults_enabled(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(DEBUG_FAULTS_ENV) == "1"
 
 
+def block_event_loop(seconds: float) -> None:
+    """Holds the calling thread, the event loop's here; named so a stack dump shows who held it."""
+    time.sleep(seconds)
+
+
+def block_seconds(text: str) -> float:
+    """`block_loop`'s value, or ValueError saying why not."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ValueError(f"block_loop={text!r} is not a number of seconds") from None
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_BLOCK_SECONDS:
+        raise ValueError(f"block_loop={text!r}: expected seconds in (0, {MAX_BLOCK_SECONDS:g}]")
+    return seconds
+
+
 def add_fault_route(app: web.Application, supervisor: Supervisor) -> None:
     async def fault(request: web.Request) -> web.Response:
+        if "block_loop" in request.query:
+            if "task" in request.query:
+                raise web.HTTPBadRequest(text="one fault per request: task or block_loop")
+            try:
+                seconds = block_seconds(request.query["block_loop"])
+            except ValueError as err:
+                raise web.HTTPBadRequest(text=str(err)) from None
+            block_event_loop(seconds)
+            return web.Response(text=f"event loop blocked for {seconds:g}s")
         name = request.query.get("task", "")
         if not supervisor.inject_fault(name):
             raise web.HTTPNotFound(text=f"no running supervised task {name!r}; tasks: {', '.join(supervisor.names)}")
