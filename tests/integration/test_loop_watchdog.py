@@ -96,7 +96,7 @@ def test_bad_block_requests_are_refused_and_hold_nothing(
     started = time.monotonic()
     status, text = post_fault(agent, query)
     assert status == 400 and ("block_loop" in text or "one fault per request" in text), (status, text)
-    assert time.monotonic() - started < THRESHOLD
+    assert time.monotonic() - started < 0.9  # the shortest hold asked for here is 1 s: none was made
     assert readyz(agent) == (200, "ok") and agent.metric(STALLS) == 0.0
 
 
