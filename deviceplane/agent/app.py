@@ -52,6 +52,7 @@ from deviceplane.agent.serving.api_views import ApiViews
 from deviceplane.agent.serving.debug_admit import SOURCE as DEBUG_SOURCE
 from deviceplane.agent.serving.debug_admit import DebugAdmitApi
 from deviceplane.agent.serving.debug_faults import add_fault_route, debug_faults_enabled
+from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.serving.podresources import PodResourcesServicer, serve_pod_resources
@@ -150,6 +151,15 @@ class Agent:
         checkpoint = CheckpointWriter(self._checkpoint_file.write, content.snapshot)
         journal = Journal(config.plugin_dir)
         self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
+        self.metrics.prometheus.register(
+            DurationsCollector(
+                "deviceplane_journal_sync_duration_seconds",
+                "One durable write of the allocation journal (a group of records: write + fdatasync), which every "
+                "admission and release waits for.",
+                (),
+                {(): journal.sync_durations},
+            )
+        )
         self.allocation_store = AllocationStore(self.pod_devices, journal, content, checkpoint)
 
         # -- plugin side ------------------------------------------------------------------------------------------

@@ -112,6 +112,7 @@ class Admitter:
             await self._wait_for_plugins(record)
             self._store.begin(pod.uid)
             outcome = await self._allocate(pod)
+            timed = False  # restored pods, and pods that got no device, are not admissions the histogram times
             if outcome.restored:
                 self._commit(pod)
             else:
@@ -119,16 +120,20 @@ class Admitter:
                 # nothing restorable, so a restored pod has always had its PreStart.
                 for call in pre_start_calls(self._allocator, pod):
                     await self._plugins.pre_start(call)
-                await self._durable(pod)
+                timed = await self._durable(pod)
         except asyncio.CancelledError:
             self.release(pod.uid, "admission cancelled")
             raise
         except AllocationError as err:
             self._fail(record, str(err), err.kind, err.resource)
+            self._metrics.observe_admission(False, self._clock() - started)
         except Exception as err:  # a bug must fail this pod, not the agent
             log.exception("admission failed unexpectedly", extra={"pod": pod.key})
             self._fail(record, f"internal error: {err}", AllocationResult.INTERNAL, "")
+            self._metrics.observe_admission(False, self._clock() - started)
         else:
+            if timed:
+                self._metrics.observe_admission(True, self._clock() - started)
             if self._table.get(pod.uid) is record:
                 record.admitted(outcome.restored)
                 if log.isEnabledFor(logging.INFO):  # skips building the record per admission below info
@@ -207,11 +212,14 @@ class Admitter:
                     extra={"pod": pod.key, "uid": pod.uid, "container": container.name, "conflicts": conflicts},
                 )
 
-    async def _durable(self, pod: Pod) -> None:
+    async def _durable(self, pod: Pod) -> bool:
         """Commit the pod, journal its allocations and wait until they are on disk (see AllocationStore.allocated
         for why appending them here, after PreStartContainer, keeps the journal's order). Alone in flight, the
-        journal may write them at once on this thread: no other admission could share the write or use the loop."""
+        journal may write them at once on this thread: no other admission could share the write or use the loop.
+        False when the pod holds no device (nothing to write)."""
         self._commit(pod)
         allocations = list(self._pod_devices.allocations(pod.uid))
-        if allocations:
-            await self._store.allocated(allocations, inline=self._in_flight == 1)
+        if not allocations:
+            return False
+        await self._store.allocated(allocations, inline=self._in_flight == 1)
+        return True
