@@ -5,6 +5,7 @@ The error strings are byte-exact copies of the kubelet's: plugins and tools matc
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
@@ -24,6 +25,9 @@ _QUOTA_REQUESTS_PREFIX = "requests."
 _FILE_NAME_MAX_BYTES = 255
 
 
+# Asked several times per admission for the same few names (each pod's limits, the admission plan): two regular
+# expressions per call otherwise. Bounded, since the names come from pods and plugins, which may be hostile.
+@functools.lru_cache(maxsize=4096)
 def is_extended_resource_name(name: str) -> bool:
     """Whether `name` is an extended resource name, exactly as upstream `v1helper.IsExtendedResourceName`."""
     is_native = "/" not in name or _NATIVE_RESOURCE_PREFIX in name
