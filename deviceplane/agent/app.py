@@ -39,7 +39,6 @@ from deviceplane.agent.admission.runner import AdmissionRunner
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import CLUSTER_EXTRA_HINT, NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
-from deviceplane.agent.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog
 from deviceplane.agent.plugins.contracts import DeviceListener, PluginConnector
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_client import PluginClient
@@ -51,7 +50,7 @@ from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.serving.api_views import ApiViews
 from deviceplane.agent.serving.debug_admit import SOURCE as DEBUG_SOURCE
 from deviceplane.agent.serving.debug_admit import DebugAdmitApi
-from deviceplane.agent.serving.debug_faults import add_fault_route, debug_faults_enabled
+from deviceplane.agent.serving.debug_faults import add_fault_route
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
@@ -69,6 +68,8 @@ from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import numa_nodes_problem
+from deviceplane.debug_faults import debug_faults_enabled
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog
 
 if TYPE_CHECKING:
     from deviceplane.agent.kube.client import KubeApi

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import kopf
 
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.metrics import OperatorMetrics
@@ -28,6 +29,7 @@ class OperatorOptions:
     metrics_host: str | None = "127.0.0.1"
     metrics_port: int = 9451
     workers: int = 4
+    loop_stall_seconds: float = LOOP_STALL_SECONDS  # 0: no watchdog
 
 
 @dataclass
@@ -79,6 +81,12 @@ def build(options: OperatorOptions) -> Operator:
     metrics = OperatorMetrics()
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
     metrics.track_configs(lambda: list(reconciler.statuses.values()))
+    # kopf's loop runs the handlers, the reconciler and the health endpoint: a stall there would say nothing either.
+    watchdog = (
+        LoopWatchdog(options.loop_stall_seconds, metrics.registry, prefix="deviceplane_operator")
+        if options.loop_stall_seconds > 0
+        else None
+    )
     registry = kopf.OperatorRegistry()
-    install(registry, view, reconciler)
+    install(registry, view, reconciler, watchdog)
     return Operator(registry, settings_for(options), reconciler, metrics, options)

@@ -14,6 +14,8 @@ from typing import Any
 import kopf
 
 from deviceplane.api import dpc
+from deviceplane.debug_faults import install_block_signal
+from deviceplane.loop_watchdog import LoopWatchdog
 from deviceplane.operator import names
 from deviceplane.operator.conflicts import NodeInfo, Taint
 from deviceplane.operator.names import ConfigKey
@@ -82,8 +84,11 @@ def _owner_key(body: Mapping[str, Any]) -> ConfigKey | None:
     return ConfigKey(meta["namespace"], config) if config and meta.get("namespace") else None
 
 
-def install(registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconciler) -> None:
-    """Register the handlers on `registry`; `reconciler` is started by the startup handler."""
+def install(
+    registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconciler, watchdog: LoopWatchdog | None = None
+) -> None:
+    """Register the handlers on `registry`; `reconciler` (and `watchdog`) are started by the startup handler, on
+    kopf's loop, and stopped by the cleanup handler."""
     dpcs = {"group": dpc.GROUP, "version": dpc.VERSION, "plural": dpc.PLURAL, "registry": registry}
     dss = {"group": "apps", "version": "v1", "plural": "daemonsets", "registry": registry}
     nodes = {"version": "v1", "plural": "nodes", "registry": registry}
@@ -104,9 +109,14 @@ def install(registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconc
             k: kwargs[k] for k in ("dpc_index", "node_index", "daemonset_index", "pod_index", "configmap_index")
         }
         memo["reconciler_task"] = asyncio.create_task(reconciler.run(), name="reconciler")
+        if watchdog is not None:
+            watchdog.start()
+        install_block_signal(asyncio.get_running_loop())  # tests only (DEVICEPLANE_DEBUG_FAULTS=1)
 
     @kopf.on.cleanup(registry=registry)
     async def stop(memo: kopf.Memo, **_: Any) -> None:
+        if watchdog is not None:
+            watchdog.stop()
         task = memo.get("reconciler_task")
         if task is not None:
             task.cancel()

@@ -24,8 +24,10 @@ class Operator:
     procs: Procs
     kubeconfig: Path
     args: tuple[str, ...] = ()  # more flags (e.g. --peering)
+    env: tuple[tuple[str, str], ...] = ()  # more environment (e.g. DEVICEPLANE_DEBUG_FAULTS=1)
     proc: Proc | None = None
     metrics_url: str = ""
+    health_url: str = ""
 
     def start(self) -> None:
         health, metrics = free_port(), free_port()
@@ -42,11 +44,10 @@ class Operator:
             f"127.0.0.1:{metrics}",
             *self.args,
         ]
-        self.proc = self.procs.start("deviceplane-operator", argv, cwd=REPO)
+        self.proc = self.procs.start("deviceplane-operator", argv, cwd=REPO, env=dict(self.env))
         self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"
-        wait_for(
-            "operator /healthz", lambda: http_ok(f"http://127.0.0.1:{health}/healthz"), procs=[self.proc], timeout=60
-        )
+        self.health_url = f"http://127.0.0.1:{health}/healthz"
+        wait_for("operator /healthz", lambda: http_ok(self.health_url), procs=[self.proc], timeout=60)
 
     def stop(self) -> None:
         if self.proc is not None:

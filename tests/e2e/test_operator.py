@@ -9,7 +9,9 @@ every test also proves that RBAC is enough. One operator per module; the apiserv
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,7 +20,7 @@ import pytest
 
 from tests.support.procs import wait_steady
 
-from .cluster import REPO, Cluster, KubectlError
+from .cluster import REPO, Cluster, KubectlError, http_ok
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Proc, Procs, wait_for
 
@@ -424,6 +426,48 @@ def test_restart_causes_no_writes_and_steady_state_sends_no_mutating_request(
 
 
 # ---- peering: replicas with --peering/--priority ----------------------------------------------------------------
+
+
+def test_a_stalled_operator_loop_is_logged_with_its_stack_and_counted(operator: Operator) -> None:
+    """kopf's loop held for 3 s (SIGUSR1 with DEVICEPLANE_DEBUG_FAULTS=1: a fault no real part produces on demand,
+    so simulated) past a 1 s threshold: one stalled record with the loop thread's stack naming the blocker, one
+    resumed record of at least the hold, the operator's stall counter at 1, and kopf's health endpoint answering
+    again. A second replica, on a namespace nobody uses, so that it reconciles nothing the module's replica does."""
+    quiet = f"e2e-watchdog-{tag()}"
+    extra = Operator(
+        operator.cluster,
+        operator.procs,
+        operator.kubeconfig,
+        ("--namespace", quiet, "--loop-stall-seconds", "1"),
+        env=(("DEVICEPLANE_DEBUG_FAULTS", "1"),),
+    )
+    extra.start()
+    try:
+        assert extra.proc is not None
+        stalls = "deviceplane_operator_event_loop_stalls_total"
+        assert extra.metric(stalls) == 0.0  # the series is there from the start
+
+        def watchdog_records() -> list[dict[str, Any]]:
+            assert extra.proc is not None
+            lines = extra.proc.log.read_text(errors="replace").splitlines()
+            records = [json.loads(line) for line in lines if line.startswith("{")]
+            return [r for r in records if r.get("logger") == "deviceplane.loop_watchdog"]
+
+        os.kill(extra.proc.pid, signal.SIGUSR1)
+        wait_for(
+            "the stall and its end logged",
+            lambda: [r["msg"] for r in watchdog_records()] == ["event loop stalled", "event loop resumed"],
+            procs=[extra.proc],
+            timeout=15,
+        )
+        stalled, resumed = watchdog_records()
+        loop_section = stalled["stacks"].split("--- thread ")[1]
+        assert "[event loop]" in loop_section.splitlines()[0] and "in block_event_loop" in loop_section
+        assert resumed["stalled_seconds"] >= 3.0
+        assert extra.metric(stalls) == 1.0
+        assert http_ok(extra.health_url)
+    finally:
+        extra.stop()
 
 
 def test_peering_the_higher_priority_replica_works_and_hands_back(

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from deviceplane.agent.app import Agent, AgentConfig
-from deviceplane.agent.loop_watchdog import HEARTBEAT_SECONDS, THREAD_NAME
+from deviceplane.loop_watchdog import HEARTBEAT_SECONDS, THREAD_NAME
 from tests.integration.test_agent_metrics import promtool
 from tests.integration.test_supervision import readyz
 from tests.support.procs import AgentProcess, wait_for
@@ -41,7 +41,7 @@ def post_fault(agent: AgentProcess, query: str) -> tuple[int, str]:
 
 def watchdog_logs(agent: AgentProcess) -> list[dict[str, Any]]:
     entries = [json.loads(line) for line in agent.log().splitlines() if line.startswith("{")]
-    return [e for e in entries if e.get("logger") == "deviceplane.agent.loop_watchdog"]
+    return [e for e in entries if e.get("logger") == "deviceplane.loop_watchdog"]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from deviceplane.agent.loop_watchdog import THREAD_NAME, LoopWatchdog, StallDetector, StallKind, thread_stacks
+from deviceplane.loop_watchdog import THREAD_NAME, LoopWatchdog, StallDetector, StallKind, thread_stacks
 
 
 def test_one_stalled_and_one_resumed_per_stall_with_its_length() -> None:
@@ -83,7 +83,7 @@ async def test_a_real_loop_held_is_reported_once_and_the_thread_ends_at_stop(cap
     watchdog = LoopWatchdog(0.3, registry, heartbeat=0.05)
     assert registry.get_sample_value("deviceplane_agent_event_loop_stalls_total") == 0.0
     assert registry.get_sample_value("deviceplane_agent_event_loop_last_stall_seconds") == 0.0
-    caplog.set_level(logging.WARNING, "deviceplane.agent.loop_watchdog")
+    caplog.set_level(logging.WARNING, "deviceplane.loop_watchdog")
     watchdog.start()
     try:
         await asyncio.sleep(0.3)

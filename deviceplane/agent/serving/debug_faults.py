@@ -3,7 +3,7 @@
 - `task=NAME` makes a supervised task fail as if its loop had raised (see agent.supervisor);
 - `block_loop=SECONDS` (0 < SECONDS <= 30) blocks the event loop for that long with `time.sleep`, as a blocking call
   or a spin in some part of the agent would. No real part can be made to do that on demand, so it is simulated
-  here; tests use it to show that the loop watchdog (agent/loop_watchdog.py) reports the stall and the agent goes
+  here; tests use it to show that the loop watchdog (loop_watchdog.py) reports the stall and the agent goes
   on afterwards. The answer comes once the block is over.
 
 Served only when the agent runs with `DEVICEPLANE_DEBUG_FAULTS=1` (off by default; the HTTP server listens on
@@ -13,25 +13,13 @@ Served only when the agent runs with `DEVICEPLANE_DEBUG_FAULTS=1` (off by defaul
 from __future__ import annotations
 
 import math
-import os
-import time
-from collections.abc import Mapping
 
 from aiohttp import web
 
 from deviceplane.agent.supervisor import Supervisor
+from deviceplane.debug_faults import block_event_loop
 
-DEBUG_FAULTS_ENV = "DEVICEPLANE_DEBUG_FAULTS"
 MAX_BLOCK_SECONDS = 30.0
-
-
-def debug_faults_enabled(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(DEBUG_FAULTS_ENV) == "1"
-
-
-def block_event_loop(seconds: float) -> None:
-    """Holds the calling thread, the event loop's here; named so a stack dump shows who held it."""
-    time.sleep(seconds)
 
 
 def block_seconds(text: str) -> float:

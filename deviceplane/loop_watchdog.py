@@ -1,7 +1,9 @@
-"""Makes a stalled event loop visible: a heartbeat on the loop, watched from a thread.
+"""Makes a stalled event loop visible: a heartbeat on the loop, watched from a thread (the agent's loop, and the
+operator's, which kopf runs).
 
-/readyz, /metrics and the log calls of the agent all run on its one asyncio loop, so a loop that is blocked (a
-blocking call, a spin, a deadlock) answers nothing and says nothing. Here:
+/readyz, /metrics and the log calls of the agent all run on its one asyncio loop, as kopf's health endpoint and
+handlers do in the operator, so a loop that is blocked (a blocking call, a spin, a deadlock) answers nothing and says
+nothing. Here (metric names under the owner's prefix, `deviceplane_agent_` or `deviceplane_operator_`):
 
 - the loop runs a heartbeat every `HEARTBEAT_SECONDS` (`loop.call_later`; nothing per callback, nothing on the
   admission path) that records when it ran and how late (`deviceplane_agent_event_loop_lag_seconds`);
@@ -30,7 +32,7 @@ from sys import _current_frames  # documented CPython API, underscore and all
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-log = logging.getLogger("deviceplane.agent.loop_watchdog")
+log = logging.getLogger("deviceplane.loop_watchdog")
 
 LOOP_STALL_SECONDS = 5.0
 HEARTBEAT_SECONDS = 0.25
@@ -112,6 +114,7 @@ class LoopWatchdog:
         registry: CollectorRegistry | None = None,
         heartbeat: float = HEARTBEAT_SECONDS,
         repeat_every: float = REPEAT_DUMP_SECONDS,
+        prefix: str = "deviceplane_agent",
     ) -> None:
         if threshold <= 0:
             raise ValueError("the stall threshold must be positive (a disabled watchdog is not built)")
@@ -120,17 +123,17 @@ class LoopWatchdog:
         self.poll = min(max(threshold / 4, 0.02), 1.0)
         self._detector = StallDetector(threshold, heartbeat, repeat_every)
         self.stalls = Counter(
-            "deviceplane_agent_event_loop_stalls",
-            "Times the agent's event loop ran no heartbeat for longer than --loop-stall-seconds (logged with stacks).",
+            f"{prefix}_event_loop_stalls",
+            "Times the event loop ran no heartbeat for longer than --loop-stall-seconds (logged with stacks).",
             registry=registry,
         )
         self.last_stall = Gauge(
-            "deviceplane_agent_event_loop_last_stall_seconds",
+            f"{prefix}_event_loop_last_stall_seconds",
             "Length of the event loop's last stall, set when the loop ran again; 0 before any.",
             registry=registry,
         )
         self.lag = Histogram(
-            "deviceplane_agent_event_loop_lag_seconds",
+            f"{prefix}_event_loop_lag_seconds",
             f"How late the event loop ran its heartbeat (due every {heartbeat:g}s): its scheduling latency.",
             buckets=LAG_BUCKETS,
             registry=registry,
