@@ -59,7 +59,7 @@ from deviceplane.agent.serving.state_metrics import JournalCorruptionCollector
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
-from deviceplane.agent.state.journal import Journal
+from deviceplane.agent.state.journal import INLINE_SYNC_LIMIT_SECONDS, Journal
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.agent.tasks import TaskFactory
 from deviceplane.core.allocator import Allocator
@@ -113,6 +113,9 @@ class AgentConfig:
     debug_admit_addr: str | None = None
     # The event-loop watchdog (loop_watchdog.py): a stall longer than this is logged with every thread's stack; 0 = off.
     loop_stall_seconds: float = LOOP_STALL_SECONDS
+    # An admission alone in flight writes its journal record on the loop while the last fdatasync took less than this
+    # (state/journal.py); not a flag: tests raise it so that a slow CI disk does not change what they count.
+    journal_inline_sync_limit: float = INLINE_SYNC_LIMIT_SECONDS
 
 
 class Agent:
@@ -150,7 +153,7 @@ class Agent:
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
         content = CheckpointContent(self.registry, self.pod_devices)
         checkpoint = CheckpointWriter(self._checkpoint_file.write, content.snapshot)
-        journal = Journal(config.plugin_dir)
+        journal = Journal(config.plugin_dir, inline_sync_limit=config.journal_inline_sync_limit)
         self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
         self.metrics.prometheus.register(
             DurationsCollector(

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -430,22 +431,23 @@ def test_restart_causes_no_writes_and_steady_state_sends_no_mutating_request(
 
 def test_a_stalled_operator_loop_is_logged_with_its_stack_and_counted(operator: Operator) -> None:
     """kopf's loop held for 3 s (SIGUSR1 with DEVICEPLANE_DEBUG_FAULTS=1: a fault no real part produces on demand,
-    so simulated) past a 1 s threshold: one stalled record with the loop thread's stack naming the blocker, one
-    resumed record of at least the hold, the operator's stall counter at 1, and kopf's health endpoint answering
+    so simulated) past a 2 s threshold: a stalled record with the loop thread's stack naming the blocker, then a
+    resumed record of at least the hold, the operator's stall counter up by one, and kopf's health endpoint answering
     again. A second replica, on a namespace nobody uses, so that it reconciles nothing the module's replica does."""
     quiet = f"e2e-watchdog-{tag()}"
     extra = Operator(
         operator.cluster,
         operator.procs,
         operator.kubeconfig,
-        ("--namespace", quiet, "--loop-stall-seconds", "1"),
+        ("--namespace", quiet, "--loop-stall-seconds", "2"),
         env=(("DEVICEPLANE_DEBUG_FAULTS", "1"),),
     )
     extra.start()
     try:
         assert extra.proc is not None
         stalls = "deviceplane_operator_event_loop_stalls_total"
-        assert extra.metric(stalls) == 0.0  # the series is there from the start
+        with urllib.request.urlopen(extra.metrics_url, timeout=5) as resp:
+            assert f"\n{stalls} " in resp.read().decode()  # the series is there from the start
 
         def watchdog_records() -> list[dict[str, Any]]:
             assert extra.proc is not None
@@ -453,18 +455,26 @@ def test_a_stalled_operator_loop_is_logged_with_its_stack_and_counted(operator: 
             records = [json.loads(line) for line in lines if line.startswith("{")]
             return [r for r in records if r.get("logger") == "deviceplane.loop_watchdog"]
 
+        # Only what follows the signal counts: a busy CI machine may hold a loop for a moment on its own.
+        before, seen = extra.metric(stalls), len(watchdog_records())
+
+        def held_and_resumed() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            after = watchdog_records()[seen:]
+            held = [r for r in after if r["msg"] == "event loop stalled" and "in block_event_loop" in r["stacks"]]
+            if not held:
+                return None
+            resumed = [r for r in after[after.index(held[0]) :] if r["msg"] == "event loop resumed"]
+            return (held[0], resumed[0]) if resumed else None
+
         os.kill(extra.proc.pid, signal.SIGUSR1)
-        wait_for(
-            "the stall and its end logged",
-            lambda: [r["msg"] for r in watchdog_records()] == ["event loop stalled", "event loop resumed"],
-            procs=[extra.proc],
-            timeout=15,
-        )
-        stalled, resumed = watchdog_records()
+        wait_for("the stall and its end logged", lambda: held_and_resumed() is not None, procs=[extra.proc], timeout=20)
+        found = held_and_resumed()
+        assert found is not None
+        stalled, resumed = found
         loop_section = stalled["stacks"].split("--- thread ")[1]
         assert "[event loop]" in loop_section.splitlines()[0] and "in block_event_loop" in loop_section
         assert resumed["stalled_seconds"] >= 3.0
-        assert extra.metric(stalls) == 1.0
+        assert extra.metric(stalls) >= before + 1
         assert http_ok(extra.health_url)
     finally:
         extra.stop()
