@@ -346,8 +346,9 @@ def allocate_round_trips(socket: Path, count: int) -> dict[str, float]:
     return p50s
 
 
-def fdatasyncs(directory: Path, count: int) -> list[float]:
-    """The floor's write: pwrite of a journal record into a zero-filled file, then fdatasync (as the journal)."""
+def fdatasyncs(directory: Path, count: int, idle: float = 0.0) -> list[float]:
+    """The floor's write: pwrite of a journal record into a zero-filled file, then fdatasync (as the journal); with
+    `idle`, each one issued after sleeping that long (untimed), as an admission issues it after its RPC."""
     path = directory / "fdatasync.probe"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
@@ -356,6 +357,8 @@ def fdatasyncs(directory: Path, count: int) -> list[float]:
         record = b"x" * (JOURNAL_RECORD_BYTES - 1) + b"\n"
         timings = []
         for i in range(count):
+            if idle:
+                time.sleep(idle)
             started = time.perf_counter()
             os.pwrite(fd, record, i * JOURNAL_RECORD_BYTES)
             os.fdatasync(fd)

@@ -27,9 +27,7 @@ def block_event_loop(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def install_block_signal(loop: asyncio.AbstractEventLoop, seconds: float = SIGNAL_BLOCK_SECONDS) -> bool:
-    """With DEVICEPLANE_DEBUG_FAULTS=1: SIGUSR1 blocks `loop` for `seconds`. Whether it was installed."""
-    if not debug_faults_enabled():
-        return False
-    loop.add_signal_handler(signal.SIGUSR1, block_event_loop, seconds)
-    return True
+def install_block_signal(loop: asyncio.AbstractEventLoop, seconds: float = SIGNAL_BLOCK_SECONDS) -> None:
+    """With DEVICEPLANE_DEBUG_FAULTS=1: SIGUSR1 blocks `loop` for `seconds`; otherwise nothing."""
+    if debug_faults_enabled():
+        loop.add_signal_handler(signal.SIGUSR1, block_event_loop, seconds)

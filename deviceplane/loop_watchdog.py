@@ -91,6 +91,11 @@ class StallDetector:
         self._stall_beat = None
 
 
+def loop_watchdog(threshold: float, registry: CollectorRegistry, prefix: str) -> LoopWatchdog | None:
+    """The watchdog of `--loop-stall-seconds` THRESHOLD, or None for 0 (turned off: no thread, no series)."""
+    return LoopWatchdog(threshold, registry, prefix) if threshold > 0 else None
+
+
 def thread_stacks(loop_thread: int | None) -> str:
     """Every thread's stack but the caller's, the loop thread's first and marked."""
     frames = _current_frames()
@@ -110,11 +115,11 @@ class LoopWatchdog:
 
     def __init__(
         self,
-        threshold: float = LOOP_STALL_SECONDS,
-        registry: CollectorRegistry | None = None,
+        threshold: float,
+        registry: CollectorRegistry,
+        prefix: str,
         heartbeat: float = HEARTBEAT_SECONDS,
         repeat_every: float = REPEAT_DUMP_SECONDS,
-        prefix: str = "deviceplane_agent",
     ) -> None:
         if threshold <= 0:
             raise ValueError("the stall threshold must be positive (a disabled watchdog is not built)")

@@ -69,7 +69,7 @@ from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import numa_nodes_problem
 from deviceplane.debug_faults import debug_faults_enabled
-from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
 
 if TYPE_CHECKING:
     from deviceplane.agent.kube.client import KubeApi
@@ -78,6 +78,8 @@ if TYPE_CHECKING:
 __all__ = ["Agent", "AgentConfig", "default_node_name", "run_agent"]
 
 log = logging.getLogger("deviceplane.agent")
+
+WATCHDOG_PREFIX = "deviceplane_agent"  # the loop watchdog's series: deviceplane_agent_event_loop_*
 
 REQUIRE_APISERVER_TIMEOUT_SECONDS = 15.0
 
@@ -133,9 +135,7 @@ class Agent:
         # Every long-lived task runs under it (the background list below, the plugin watcher).
         self.supervisor = Supervisor(self.metrics.prometheus)
         # A thread that reports a blocked event loop, which /readyz and /metrics (served by that loop) cannot.
-        self.loop_watchdog = (
-            LoopWatchdog(config.loop_stall_seconds, self.metrics.prometheus) if config.loop_stall_seconds > 0 else None
-        )
+        self.loop_watchdog = loop_watchdog(config.loop_stall_seconds, self.metrics.prometheus, WATCHDOG_PREFIX)
         self.views = ApiViews(
             self.registry,
             self.pods,

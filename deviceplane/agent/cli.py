@@ -10,6 +10,7 @@ from pathlib import Path
 from deviceplane import logs
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_POD_RESOURCES_SOCKET
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
 
@@ -23,6 +24,17 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 300s, 5m, 1h30m)")
     scale = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
     return sum(float(n) * scale[u] for n, u in parts)
+
+
+def add_loop_stall_argument(parser: argparse.ArgumentParser) -> None:
+    """`--loop-stall-seconds` (deviceplane/loop_watchdog.py), the same flag for the agent and the operator."""
+    parser.add_argument(
+        "--loop-stall-seconds",
+        type=duration,
+        default=LOOP_STALL_SECONDS,
+        help="log an event loop held this long, with every thread's stack, and count it; 0 turns it off "
+        f"[{LOOP_STALL_SECONDS:g}s]",
+    )
 
 
 def http_address(text: str) -> str:
@@ -129,12 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="127.0.0.1:PORT",
         help="benchmarking aid: POST /debug/v1/admit and /debug/v1/remove on this loopback address [off]",
     )
-    parser.add_argument(
-        "--loop-stall-seconds",
-        type=duration,
-        default=5.0,
-        help="log an event loop held this long, with every thread's stack, and count it; 0 turns it off [5s]",
-    )
+    add_loop_stall_argument(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 

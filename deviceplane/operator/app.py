@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import kopf
 
-from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.metrics import OperatorMetrics
@@ -17,6 +17,8 @@ from deviceplane.operator.names import MANAGED_BY, MANAGED_BY_LABEL
 from deviceplane.operator.reconciler import Reconciler
 
 log = logging.getLogger("deviceplane.operator")
+
+WATCHDOG_PREFIX = "deviceplane_operator"  # the loop watchdog's series: deviceplane_operator_event_loop_*
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,7 @@ def build(options: OperatorOptions) -> Operator:
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
     metrics.track_configs(lambda: list(reconciler.statuses.values()))
     # kopf's loop runs the handlers, the reconciler and the health endpoint: a stall there would say nothing either.
-    watchdog = (
-        LoopWatchdog(options.loop_stall_seconds, metrics.registry, prefix="deviceplane_operator")
-        if options.loop_stall_seconds > 0
-        else None
-    )
+    watchdog = loop_watchdog(options.loop_stall_seconds, metrics.registry, WATCHDOG_PREFIX)
     registry = kopf.OperatorRegistry()
     install(registry, view, reconciler, watchdog)
     return Operator(registry, settings_for(options), reconciler, metrics, options)

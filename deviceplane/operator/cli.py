@@ -8,7 +8,7 @@ import os
 from urllib.parse import urlparse
 
 from deviceplane import logs
-from deviceplane.agent.cli import duration, http_address
+from deviceplane.agent.cli import add_loop_stall_argument, http_address
 
 
 def _url(text: str) -> str:
@@ -50,12 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
     parser.add_argument("--workers", type=int, default=4, help="configs reconciled concurrently [%(default)s]")
-    parser.add_argument(
-        "--loop-stall-seconds",
-        type=duration,
-        default=5.0,
-        help="log an event loop held this long, with every thread's stack, and count it; 0 turns it off [5s]",
-    )
+    add_loop_stall_argument(parser)
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.alloc_env import AllocEnv, alloc_env
 from tests.support.procs import AgentProcess, TestPlugin
 
 
@@ -52,3 +53,12 @@ def plugin_factory() -> Iterator[Callable[..., TestPlugin]]:
     yield start
     for plugin in started:
         plugin.stop()
+
+
+@pytest.fixture
+def env(short_tmp: Path) -> Iterator[AllocEnv]:
+    """An agent reading a static pod directory, started; the test adds sim plugins (tests/support/alloc_env.py). Test
+    modules that need another setup define their own `env`."""
+    with alloc_env(short_tmp) as e:
+        e.start_agent()
+        yield e

@@ -4,7 +4,6 @@ views out. Mirrors spec §6.1 items 9, 11-18, 20, 21 as they apply without a kub
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,6 @@ from tests.support.procs import wait_for
 
 R1 = "domain1.com/resource1"
 R2 = "domain2.com/resource2"
-
-
-@pytest.fixture
-def env(short_tmp: Path) -> Iterator[AllocEnv]:
-    with alloc_env(short_tmp) as e:
-        e.start_agent()
-        yield e
 
 
 def calls(plugin: Any, rpc: str) -> list[dict[str, Any]]:

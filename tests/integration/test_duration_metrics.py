@@ -4,26 +4,15 @@ timed (admitted with devices, failed; not pods without devices), the journal's e
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.integration.test_agent_metrics import promtool
-from tests.support.alloc_env import AllocEnv, alloc_env
+from tests.support.alloc_env import AllocEnv
 from tests.support.pods import container, pod_manifest, simple_pod, wait_settled, write_pod
 from tests.support.procs import AgentProcess, wait_for
 
 R = "example.com/timed"
 ADMISSION = "deviceplane_pod_admission_duration_seconds"
 SYNC = "deviceplane_journal_sync_duration_seconds"
-
-
-@pytest.fixture
-def env(short_tmp: Path) -> Iterator[AllocEnv]:
-    with alloc_env(short_tmp) as e:
-        e.start_agent()
-        yield e
 
 
 def admissions(agent: AgentProcess, result: str) -> tuple[float | None, float | None, float | None]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml
 from prometheus_client import generate_latest
 
-from deviceplane.loop_watchdog import LoopWatchdog
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
+from deviceplane.operator.app import WATCHDOG_PREFIX
 from deviceplane.operator.metrics import OperatorMetrics
 from scripts.gen_prometheus_rule import PROMETHEUS_RULE, RULES, prometheus_rule_text
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
@@ -77,7 +78,7 @@ def test_every_series_the_rules_name_is_exported(
     wait_for(lambda: agent.counts("example.com/gpu") == (1, 1))
     operator = OperatorMetrics()
     operator.track_configs(lambda: [])
-    LoopWatchdog(1.0, operator.registry, prefix="deviceplane_operator")  # as operator/app.py's build() adds it
+    loop_watchdog(LOOP_STALL_SECONDS, operator.registry, WATCHDOG_PREFIX)  # as operator/app.py's build() adds it
     exported = exported_names(agent.get_text("/metrics")) | exported_names(generate_latest(operator.registry).decode())
     named = {name for rule in rules() for name in re.findall(r"\bdeviceplane_[a-z_]+", str(rule["expr"]))}
     assert len(named) >= 10 and named <= exported, sorted(named - exported)

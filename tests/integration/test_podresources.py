@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import grpc
 import pytest
 
 from deviceplane.api.podresources.v1 import api_pb2 as pr
-from tests.support.alloc_env import AllocEnv, alloc_env
+from tests.support.alloc_env import AllocEnv
 from tests.support.pods import container, listed_devices, pod_manifest, pods, wait_settled, write_pod
 from tests.support.procs import TestPlugin, wait_for
 
 RES = "example.com/topo"
 SIM = "example.com/sim"
-
-
-@pytest.fixture
-def env(short_tmp: Path) -> Iterator[AllocEnv]:
-    with alloc_env(short_tmp) as e:
-        e.start_agent()
-        yield e
 
 
 def rows(devices: list[pr.ContainerDevices]) -> list[tuple[str, tuple[str, ...], tuple[int, ...] | None]]:

@@ -80,7 +80,7 @@ def hold_the_loop(seconds: float) -> None:
 
 async def test_a_real_loop_held_is_reported_once_and_the_thread_ends_at_stop(caplog: pytest.LogCaptureFixture) -> None:
     registry = CollectorRegistry()
-    watchdog = LoopWatchdog(0.3, registry, heartbeat=0.05)
+    watchdog = LoopWatchdog(0.3, registry, "deviceplane_agent", heartbeat=0.05)
     assert registry.get_sample_value("deviceplane_agent_event_loop_stalls_total") == 0.0
     assert registry.get_sample_value("deviceplane_agent_event_loop_last_stall_seconds") == 0.0
     caplog.set_level(logging.WARNING, "deviceplane.loop_watchdog")
@@ -105,7 +105,7 @@ async def test_a_real_loop_held_is_reported_once_and_the_thread_ends_at_stop(cap
 
 def test_the_thread_ends_with_its_loop_when_stop_is_never_called() -> None:
     registry = CollectorRegistry()
-    watchdog = LoopWatchdog(0.2, registry, heartbeat=0.05)
+    watchdog = LoopWatchdog(0.2, registry, "deviceplane_agent", heartbeat=0.05)
 
     async def forgetful_owner() -> None:
         watchdog.start()
@@ -121,4 +121,4 @@ def test_the_thread_ends_with_its_loop_when_stop_is_never_called() -> None:
 
 def test_a_disabled_threshold_is_refused() -> None:
     with pytest.raises(ValueError):
-        LoopWatchdog(0, CollectorRegistry())
+        LoopWatchdog(0, CollectorRegistry(), "deviceplane_agent")
