@@ -8,7 +8,7 @@ export PATH := $(CACHE)/bin:$(PATH)
 deps:  ## the package with every extra (cluster, operator, demo) and the test tools
 	$(PYTHON) -m pip install -q -e '.[cluster,operator,demo,test,bench]'
 	@# An editable install leaves the checkout without bytecode, and with PYTHONDONTWRITEBYTECODE set (as on CI) every
-	@# agent, plugin and operator process the tests start would compile the package again (0.3-0.5 s each, here).
+	@# agent, plugin and operator process the tests start would compile the package again (0.3-0.55 s each, here).
 	$(PYTHON) -m compileall -q deviceplane
 
 k8s-bins:  ## real kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok and Go device plugins (cached)

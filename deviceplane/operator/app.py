@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import kopf
 
-from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
+from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog, loop_watchdog
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.metrics import OperatorMetrics
@@ -77,14 +77,19 @@ def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
     return settings
 
 
+def operator_metrics(options: OperatorOptions) -> tuple[OperatorMetrics, LoopWatchdog | None]:
+    """The operator's series on one registry: its own, and the loop watchdog's unless `--loop-stall-seconds 0` (kopf's
+    loop runs the handlers, the reconciler and the health endpoint: a stall there would say nothing either)."""
+    metrics = OperatorMetrics()
+    return metrics, loop_watchdog(options.loop_stall_seconds, metrics.registry, WATCHDOG_PREFIX)
+
+
 def build(options: OperatorOptions) -> Operator:
     api = KubeApi(load_client(options.kubeconfig))
     view = IndexView()
-    metrics = OperatorMetrics()
+    metrics, watchdog = operator_metrics(options)
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
     metrics.track_configs(lambda: list(reconciler.statuses.values()))
-    # kopf's loop runs the handlers, the reconciler and the health endpoint: a stall there would say nothing either.
-    watchdog = loop_watchdog(options.loop_stall_seconds, metrics.registry, WATCHDOG_PREFIX)
     registry = kopf.OperatorRegistry()
     install(registry, view, reconciler, watchdog)
     return Operator(registry, settings_for(options), reconciler, metrics, options)

@@ -12,9 +12,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import generate_latest
 
-from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
-from deviceplane.operator.app import WATCHDOG_PREFIX
-from deviceplane.operator.metrics import OperatorMetrics
+from deviceplane.operator.app import OperatorOptions, operator_metrics
 from scripts.gen_prometheus_rule import PROMETHEUS_RULE, RULES, prometheus_rule_text
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
 from tests.support.required import unavailable
@@ -76,9 +74,8 @@ def test_every_series_the_rules_name_is_exported(
     plugin = plugin_factory(agent.plugin_dir, "p.sock", [["g0", "Healthy"]])
     plugin.register("example.com/gpu")
     wait_for(lambda: agent.counts("example.com/gpu") == (1, 1))
-    operator = OperatorMetrics()
+    operator, _watchdog = operator_metrics(OperatorOptions())  # what build() registers, the watchdog's series too
     operator.track_configs(lambda: [])
-    loop_watchdog(LOOP_STALL_SECONDS, operator.registry, WATCHDOG_PREFIX)  # as operator/app.py's build() adds it
     exported = exported_names(agent.get_text("/metrics")) | exported_names(generate_latest(operator.registry).decode())
     named = {name for rule in rules() for name in re.findall(r"\bdeviceplane_[a-z_]+", str(rule["expr"]))}
     assert len(named) >= 10 and named <= exported, sorted(named - exported)
