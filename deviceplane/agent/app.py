@@ -36,6 +36,7 @@ from deviceplane.agent.admission.admitter import (
 from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, PluginCalls
 from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory
 from deviceplane.agent.admission.runner import AdmissionRunner
+from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS, HeapKeeper
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import CLUSTER_EXTRA_HINT, NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
@@ -115,6 +116,8 @@ class AgentConfig:
     debug_admit_addr: str | None = None
     # The event-loop watchdog (loop_watchdog.py): a stall longer than this is logged with every thread's stack; 0 = off.
     loop_stall_seconds: float = LOOP_STALL_SECONDS
+    # Full garbage collections at quiet moments (agent/heap.py): seconds between heap settles; 0 = CPython's own.
+    gc_settle_interval: float = SETTLE_INTERVAL_SECONDS
     # An admission alone in flight writes its journal record on the loop while the last fdatasync took less than this
     # (state/journal.py); not a flag: tests raise it so that a slow CI disk does not change what they count.
     journal_inline_sync_limit: float = INLINE_SYNC_LIMIT_SECONDS
@@ -205,7 +208,8 @@ class Agent:
             failure_listeners=(self.cluster.events.failed,) if self.cluster and self.cluster.events else (),
         )
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
-        self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, Admitter(parts, settings))
+        admitter = Admitter(parts, settings)
+        self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, admitter)
         # extension point: pod sources (an API-server pod watch is appended here)
         self.pod_sources: list[PodSource] = []
         if config.pod_manifest_dir is not None:
@@ -227,6 +231,13 @@ class Agent:
         self._pod_resources_server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
 
+        # -- the heap: full collections when nothing is in flight ---------------------------------------------------
+        self.heap = HeapKeeper(
+            self.proxy.quiet_for if self.proxy is not None else admitter.quiet_for,
+            self.metrics.prometheus,
+            config.gc_settle_interval,
+        )
+
         # -- background tasks -------------------------------------------------------------------------------------
         # extension point: background tasks, (name, coroutine function); supervised, started in this order after
         # the servers. Each pod source is its own task, so one failing does not stop the others.
@@ -244,6 +255,8 @@ class Agent:
             ]
         if self.cluster is not None:
             self.background += self.cluster.background()
+        if self.heap.settling:
+            self.background.append(("heap-settle", self.heap.run))
         self._admitting = False
         self._ready = False
 
@@ -337,6 +350,8 @@ class Agent:
             self._pod_resources_server = await serve_pod_resources(
                 self._pod_resources, self.config.pod_resources_socket
             )
+        # Last: what start built is long-lived, so it leaves the collector's generations.
+        self.heap.start()
         for name, run in self.background:
             self.supervisor.add(name, run)
         self._ready = True
@@ -375,6 +390,7 @@ class Agent:
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
+        self.heap.stop()
         if self.loop_watchdog is not None:  # last, so a stop that hangs is reported too
             self.loop_watchdog.stop()
         log.info("agent stopped")

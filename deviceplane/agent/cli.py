@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from deviceplane import logs
+from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_POD_RESOURCES_SOCKET
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS
@@ -142,6 +143,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="benchmarking aid: POST /debug/v1/admit and /debug/v1/remove on this loopback address [off]",
     )
     add_loop_stall_argument(parser)
+    parser.add_argument(
+        "--gc-settle-interval",
+        type=duration,
+        default=SETTLE_INTERVAL_SECONDS,
+        help="run the garbage collector's full passes at quiet moments (no admission or forwarded call in flight), "
+        "this often, instead of in the middle of them; 0 leaves CPython's collector as it is "
+        f"[{SETTLE_INTERVAL_SECONDS:g}s]",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     parser.add_argument("--log-format", default="json", choices=("json", "text"))
 
@@ -192,5 +201,6 @@ def run(args: argparse.Namespace) -> int:
         nodedevices_max_devices=args.nodedevices_max_devices,
         debug_admit_addr=args.debug_admit_api,
         loop_stall_seconds=args.loop_stall_seconds,
+        gc_settle_interval=args.gc_settle_interval,
     )
     return asyncio.run(run_agent(config))

@@ -49,3 +49,21 @@ def test_promtool_check_metrics(agent: AgentProcess, plugin_factory: Callable[..
     result = subprocess.run([tool, "check", "metrics"], input=exposition, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr
+
+
+def test_heap_settled_at_start_and_collections_timed(agent_factory: Callable[..., AgentProcess]) -> None:
+    """The default: what start built is collected once and frozen (agent/heap.py); CPython's own collections are
+    timed by generation from then on."""
+    agent = agent_factory()
+    assert agent.metric("deviceplane_agent_heap_settle_seconds_count", kind="full") == 1.0
+    assert agent.metric("deviceplane_agent_heap_settle_seconds_count", kind="recent") == 0.0
+    assert (agent.metric("deviceplane_agent_gc_frozen_objects") or 0) > 10_000
+    for generation in ("0", "1", "2"):
+        assert agent.metric("deviceplane_agent_gc_pause_seconds_count", generation=generation) is not None
+
+
+def test_heap_settles_off(agent_factory: Callable[..., AgentProcess]) -> None:
+    agent = agent_factory("--gc-settle-interval", "0")
+    assert agent.metric("deviceplane_agent_heap_settle_seconds_count", kind="full") == 0.0
+    assert agent.metric("deviceplane_agent_gc_frozen_objects") == 0.0
+    assert agent.metric("deviceplane_agent_gc_pause_seconds_count", generation="0") is not None

@@ -24,6 +24,11 @@ from tests.support.procs import ROOT, child_env
         ("admission_phases.py", ["--rounds", "1", "--pods", "30"], "the agent's own steps"),
         ("preferred.py", ["--rounds", "1", "--calls", "3"], "   10000     8"),
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
+        (
+            "gc_pauses.py",
+            ["--runs", "1", "--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40"],
+            "heap settles (default): ",
+        ),
         ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "CheckpointEncoder, 2 of them replaced since"),
         (
             "compare.py",

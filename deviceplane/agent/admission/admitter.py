@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deviceplane.agent.admission.plugin_calls import PluginCalls
+from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.durability import AllocationStore
@@ -92,18 +93,19 @@ class Admitter:
         self._settings = settings
         self._clock = clock
         self._started_at = clock()
-        self._in_flight = 0  # admissions running now
+        self._in_flight = InFlight(clock)  # admissions running now
 
     def start(self) -> None:
         """The startup wait counts from here."""
         self._started_at = self._clock()
 
+    def quiet_for(self) -> float:
+        """Seconds since the last admission ended; 0 while one runs."""
+        return self._in_flight.quiet_for()
+
     async def admit(self, record: PodRecord) -> None:
-        self._in_flight += 1
-        try:
+        with self._in_flight:
             await self._admit(record)
-        finally:
-            self._in_flight -= 1
 
     async def _admit(self, record: PodRecord) -> None:
         pod = record.pod
@@ -221,5 +223,5 @@ class Admitter:
         allocations = list(self._pod_devices.allocations(pod.uid))
         if not allocations:
             return False
-        await self._store.allocated(allocations, inline=self._in_flight == 1)
+        await self._store.allocated(allocations, inline=self._in_flight.count == 1)
         return True

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.proxy.endpoint import device_plugin_options
 from deviceplane.agent.proxy.feed import SnapshotFeed
@@ -47,12 +48,14 @@ class ResourceForwarder:
         plugin: Callable[[str], PluginClient | None],
         options: Callable[[str], PluginOptions | None],
         on_call: Callable[[ForwardedCall], None],
+        in_flight: InFlight,
     ) -> None:
         self._resource = resource
         self._feed = feed
         self._plugin = plugin
         self._options = options
         self._on_call = on_call
+        self._in_flight = in_flight
 
     def handler(self) -> grpc.GenericRpcHandler[bytes, bytes]:
         # No (de)serializers: handlers get and return wire bytes.
@@ -65,7 +68,8 @@ class ResourceForwarder:
 
     def _unary(self, method: str) -> Callable[[bytes, Context], Awaitable[bytes]]:
         async def forward(request: bytes, context: Context) -> bytes:
-            return await self._forward(method, request, context)
+            with self._in_flight:
+                return await self._forward(method, request, context)
 
         return forward
 

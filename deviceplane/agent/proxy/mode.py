@@ -4,13 +4,13 @@ restart, and the counting of forwarded Allocate calls."""
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import grpc
 
+from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.proxy.forwarder import ForwardedCall
 from deviceplane.agent.proxy.ownership import Ownership
@@ -22,9 +22,6 @@ from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.registry import DeviceRegistry
 
 log = logging.getLogger("deviceplane.agent.proxy")
-
-# Young-generation collections every this many net allocations (CPython's default 700: one every few forwarded calls).
-GC_GEN0_THRESHOLD = 10_000
 
 # A forwarded Allocate's status as the agent's allocation result label (the same label set as in agent mode).
 _RESULTS = {
@@ -48,7 +45,8 @@ class ProxyMode:
         self._record = PluginRecord(plugin_dir)
         # The device manager makes its plugin connections with this connector.
         self.connector = ProxyConnector()
-        self._service = ProxyService(registry, self.connector, kubelet_dir, self._on_call)
+        self._in_flight = InFlight()  # forwarded calls
+        self._service = ProxyService(registry, self.connector, kubelet_dir, self._on_call, self._in_flight)
 
     def on_device_event(self, event: DeviceEvent) -> None:
         """Device listener: the kubelet's feed follows at once, and the plugin record is kept current."""
@@ -64,8 +62,11 @@ class ProxyMode:
         back = await reconnect(recorded, register)
         if recorded:
             log.info("reconnected recorded plugins", extra={"resources": back, "recorded": sorted(recorded)})
-        settle_heap()
         return removed
+
+    def quiet_for(self) -> float:
+        """Seconds since the last call from the kubelet was forwarded; 0 while one is."""
+        return self._in_flight.quiet_for()
 
     def tasks(self) -> list[tuple[str, TaskFactory]]:
         return [("proxy-endpoints", self._service.run), ("proxy-ownership", self._ownership.run)]
@@ -85,13 +86,3 @@ class ProxyMode:
             self._ownership.allocated(call.resource, call.request)
         self._metrics.observe_allocate(call.resource, call.seconds)
         self._metrics.count_allocation(call.resource, result)
-
-
-def settle_heap() -> None:
-    """Once started: what the agent built so far (modules, the registry, clients) lives as long as the process, so it
-    leaves the collector's generations (gc.freeze: a full collection no longer walks it - about 30 ms, a stall of
-    every forwarded call at that moment), and young collections run less often (each is short either way)."""
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)

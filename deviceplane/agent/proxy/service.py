@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.proxy.endpoint import ProxyEndpoint, SocketIdentity, remove_stale_endpoints, socket_identity
@@ -79,6 +80,7 @@ class ProxyService:
         connector: ProxyConnector,
         kubelet_dir: Path,
         on_call: Callable[[ForwardedCall], None],
+        in_flight: InFlight,
         register_timeout: float = REGISTER_TIMEOUT_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -87,6 +89,7 @@ class ProxyService:
         self._kubelet_dir = kubelet_dir
         self._kubelet_socket = kubelet_dir / KUBELET_SOCKET_NAME
         self._on_call = on_call
+        self._in_flight = in_flight
         self._register_timeout = register_timeout
         self._clock = clock
         self._feeds: dict[str, SnapshotFeed] = {}
@@ -201,7 +204,7 @@ class ProxyService:
 
     def _add(self, name: str) -> ProxyEndpoint:
         feed = self._feeds[name] = SnapshotFeed()
-        forwarder = ResourceForwarder(name, feed, self.plugin, self.options, self._on_call)
+        forwarder = ResourceForwarder(name, feed, self.plugin, self.options, self._on_call, self._in_flight)
         endpoint = self._endpoints[name] = ProxyEndpoint(name, self._kubelet_dir, forwarder.handler())
         return endpoint
 

@@ -1,0 +1,181 @@
+"""The heap keeper (agent/heap.py): CPython's collections timed by generation, settles at quiet moments only, full
+settles that reclaim what freezing would otherwise keep. Runs in this process's own collector, restored after each
+test."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import weakref
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from deviceplane.agent.heap import GC_THRESHOLDS, QUIET_SECONDS, HeapKeeper
+from deviceplane.agent.in_flight import InFlight
+
+
+@pytest.fixture(autouse=True)
+def own_collector() -> Iterator[None]:
+    thresholds = gc.get_threshold()
+    callbacks = list(gc.callbacks)
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*thresholds)
+    gc.callbacks[:] = callbacks
+
+
+class Quiet:
+    """Stands in for the admissions in flight: seconds since the last one ended, 0 while one runs."""
+
+    def __init__(self, busy: bool) -> None:
+        self.busy = busy
+        self._ended = time.monotonic() - 3600.0
+
+    def end(self) -> None:
+        self.busy = False
+        self._ended = time.monotonic()
+
+    def __call__(self) -> float:
+        return 0.0 if self.busy else time.monotonic() - self._ended
+
+
+def settles(registry: CollectorRegistry, kind: str) -> float:
+    return registry.get_sample_value("deviceplane_agent_heap_settle_seconds_count", {"kind": kind}) or 0.0
+
+
+def cpython_passes(registry: CollectorRegistry, generation: str) -> float:
+    return registry.get_sample_value("deviceplane_agent_gc_pause_seconds_count", {"generation": generation}) or 0.0
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_start_freezes_what_exists_and_makes_young_collections_rarer() -> None:
+    registry = CollectorRegistry()
+    keeper = HeapKeeper(Quiet(busy=False), registry, interval=10.0)
+    keeper.start()
+    try:
+        assert gc.get_freeze_count() > 1000  # the modules, classes and functions imported so far at least
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert settles(registry, "full") == 1
+        assert registry.get_sample_value("deviceplane_agent_gc_frozen_objects") == gc.get_freeze_count()
+    finally:
+        keeper.stop()
+
+
+def test_interval_zero_leaves_cpythons_collector_and_still_times_it() -> None:
+    registry = CollectorRegistry()
+    before = gc.get_threshold()
+    keeper = HeapKeeper(Quiet(busy=False), registry, interval=0)
+    keeper.start()
+    try:
+        assert not keeper.settling
+        assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
+        gc.collect(1)
+        gc.collect()
+        assert cpython_passes(registry, "1") == 1
+        assert cpython_passes(registry, "2") == 1
+        assert settles(registry, "full") == settles(registry, "recent") == 0
+    finally:
+        keeper.stop()
+    gc.collect()
+    assert cpython_passes(registry, "2") == 1  # stopped: no longer timed
+
+
+def test_a_settle_is_timed_as_a_settle_not_as_cpythons_pass() -> None:
+    registry = CollectorRegistry()
+    keeper = HeapKeeper(Quiet(busy=False), registry, interval=10.0)
+    keeper.start()
+    try:
+        keeper.settle(full=False)
+        assert settles(registry, "recent") == 1
+        assert cpython_passes(registry, "2") == 0
+    finally:
+        keeper.stop()
+
+
+def test_only_a_full_settle_reclaims_a_cycle_frozen_before_it_became_garbage() -> None:
+    registry = CollectorRegistry()
+    keeper = HeapKeeper(Quiet(busy=False), registry, interval=10.0)
+    cycle = Cycle()
+    alive = weakref.ref(cycle)
+    keeper.start()  # freezes the cycle while it is still in use
+    try:
+        del cycle
+        keeper.settle(full=False)
+        assert alive() is not None  # frozen: a recent settle does not look at it
+        keeper.settle(full=True)
+        assert alive() is None
+    finally:
+        keeper.stop()
+
+
+def test_a_due_settle_waits_for_a_quiet_moment() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        quiet = Quiet(busy=True)
+        keeper = HeapKeeper(quiet, registry, interval=1.0, full_every=1000)
+        task = asyncio.create_task(keeper.run())
+        try:
+            await asyncio.sleep(1.1)  # due at 1.0 s, the traffic goes on
+            assert settles(registry, "recent") == 0
+            quiet.end()  # quiet enough at ~1.35 s
+            await asyncio.sleep(QUIET_SECONDS - 0.1)
+            assert settles(registry, "recent") == 0
+            await asyncio.sleep(0.35)
+            assert settles(registry, "recent") == 1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_without_a_quiet_moment_a_recent_settle_runs_after_a_second_interval_and_never_a_full_one() -> None:
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        quiet = Quiet(busy=True)
+        keeper = HeapKeeper(quiet, registry, interval=0.2, full_every=1)
+        task = asyncio.create_task(keeper.run())
+        try:
+            await asyncio.sleep(0.5)  # due at 0.2 s, done anyway at 0.4 s
+            assert settles(registry, "recent") == 1
+            assert settles(registry, "full") == 0
+            quiet.busy = False  # idle for long: the next one (0.6 s) is the full pass it owed
+            await asyncio.sleep(0.2)
+            assert settles(registry, "full") == 1
+            assert settles(registry, "recent") == 1
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="settle interval"):
+        HeapKeeper(Quiet(busy=False), CollectorRegistry(), interval=-1)
+    with pytest.raises(ValueError, match="full_every"):
+        HeapKeeper(Quiet(busy=False), CollectorRegistry(), interval=1, full_every=0)
+
+
+def test_in_flight_counts_quiet_time_from_the_last_end() -> None:
+    now = [100.0]
+    work = InFlight(lambda: now[0])
+    now[0] = 101.0
+    assert work.quiet_for() == 1.0  # nothing ran yet: quiet since it was made
+    with work:
+        with work:
+            now[0] = 105.0
+            assert work.quiet_for() == 0.0
+        now[0] = 106.0
+        assert work.quiet_for() == 0.0 and work.count == 1
+    assert work.quiet_for() == 0.0  # ended just now (106.0)
+    now[0] = 107.5
+    assert work.quiet_for() == 1.5
