@@ -109,6 +109,7 @@ class HeapKeeper:
         self._interval = interval
         self._full_every = full_every
         self._settles = 0
+        self._thresholds_before: tuple[int, int, int] | None = None
         self._pauses = GcPauses()
         prometheus.register(
             DurationsCollector(
@@ -143,10 +144,17 @@ class HeapKeeper:
         if not self.settling:
             return
         self.settle(full=True)
+        self._thresholds_before = gc.get_threshold()
         gc.set_threshold(*GC_THRESHOLDS)
 
     def stop(self) -> None:
+        """The collector as it was before `start` (an agent run inside a larger process, as in the tests, leaves it
+        nothing frozen)."""
         self._pauses.uninstall()
+        if self._thresholds_before is not None:
+            gc.set_threshold(*self._thresholds_before)
+            self._thresholds_before = None
+            gc.unfreeze()
 
     def settle(self, full: bool) -> None:
         started = time.perf_counter()

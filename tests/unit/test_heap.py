@@ -69,6 +69,17 @@ def test_start_freezes_what_exists_and_makes_young_collections_rarer() -> None:
         keeper.stop()
 
 
+def test_stop_gives_the_collector_back_as_it_was() -> None:
+    before, callbacks = gc.get_threshold(), len(gc.callbacks)
+    keeper = HeapKeeper(Quiet(busy=False), CollectorRegistry(), interval=10.0)
+    keeper.start()
+    assert gc.get_freeze_count() > 0 and len(gc.callbacks) == callbacks + 1
+    keeper.stop()
+    assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == before
+    assert len(gc.callbacks) == callbacks
+
+
 def test_interval_zero_leaves_cpythons_collector_and_still_times_it() -> None:
     registry = CollectorRegistry()
     before = gc.get_threshold()
