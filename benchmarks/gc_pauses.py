@@ -4,11 +4,12 @@ The agent runs as in compare.py (`--debug-admit-api`, 1,024-device sims, one ans
 GetPreferredAllocation and PreStart, and a filler resource), once with `--gc-settle-interval 0` (CPython's collector
 as it is) and once with the default settles (deviceplane/agent/heap.py), alternated run by run. Each run: the warm-up
 and sustained batches of compare.py, then `--reps` rounds of the four 0-held cells (Allocate only / all RPCs,
-sequential / 8 concurrent), then `--held` containers held and `--reps` rounds again. Printed per setting: the
+sequential / 8 concurrent), each followed by `--idle` seconds without traffic (pods come in bursts), then `--held`
+containers held and `--reps` rounds again. Printed per setting: the
 admissions slower than 10 ms in the 8-concurrent Allocate-only cells (a pause holds every admission in flight), the
 cells' worst p99, and the agent's own `deviceplane_agent_gc_pause_seconds`: full passes and their time.
 
-    python benchmarks/gc_pauses.py [--runs 2] [--reps 3] [--pods 200] [--held 5000] [--sustained 1000]
+    python benchmarks/gc_pauses.py [--runs 2] [--reps 3] [--pods 200] [--idle 0.5] [--held 5000] [--sustained 1000]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +110,7 @@ def one_run(settle_interval: str | None, args: argparse.Namespace) -> dict[str, 
                                 cells += 1
                                 slow += sum(1 for seconds in cell.latencies if seconds > SLOW_SECONDS)
                                 p99s.append(percentile(cell.latencies, 0.99))
+                    time.sleep(args.idle)  # pods come in bursts: the agent idles between them
             after = side.pauses()
             result = {
                 "slow": slow,
@@ -131,6 +134,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3, help="rounds of cells at each held level [3]")
     parser.add_argument("--pods", type=int, default=200, help="admissions per cell [200]")
     parser.add_argument("--held", type=int, default=5000, help="containers held in the second half [5000]")
+    parser.add_argument("--idle", type=float, default=0.5, help="seconds without traffic after each round [0.5]")
     parser.add_argument("--sustained", type=int, default=1000, help="pods per sustained batch, 3 batches [1000]")
     args = parser.parse_args()
     results: dict[str, list[dict[str, float]]] = {name: [] for name in SETTINGS}

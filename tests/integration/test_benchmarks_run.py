@@ -26,7 +26,7 @@ from tests.support.procs import ROOT, child_env
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
         (
             "gc_pauses.py",
-            ["--runs", "1", "--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40"],
+            ["--runs", "1", "--reps", "1", "--pods", "8", "--idle", "0", "--held", "24", "--sustained", "40"],
             "heap settles (default): ",
         ),
         ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "CheckpointEncoder, 2 of them replaced since"),

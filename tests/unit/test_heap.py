@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from deviceplane.agent.heap import GC_THRESHOLDS, QUIET_SECONDS, HeapKeeper
+from deviceplane.agent.heap import FORCED_AFTER_INTERVALS, GC_THRESHOLDS, QUIET_SECONDS, HeapKeeper
 from deviceplane.agent.in_flight import InFlight
 
 
@@ -148,17 +148,20 @@ def test_a_due_settle_waits_for_a_quiet_moment() -> None:
     asyncio.run(scenario())
 
 
-def test_without_a_quiet_moment_a_recent_settle_runs_after_a_second_interval_and_never_a_full_one() -> None:
+def test_without_a_quiet_moment_a_recent_settle_is_forced_late_and_a_full_one_never() -> None:
     async def scenario() -> None:
         registry = CollectorRegistry()
         quiet = Quiet(busy=True)
-        keeper = HeapKeeper(quiet, registry, interval=0.2, full_every=1)
+        keeper = HeapKeeper(quiet, registry, interval=0.2, full_every=1)  # every settle should be a full one
         task = asyncio.create_task(keeper.run())
         try:
-            await asyncio.sleep(0.5)  # due at 0.2 s, done anyway at 0.4 s
+            forced_at = 0.2 * (1 + FORCED_AFTER_INTERVALS)
+            await asyncio.sleep(forced_at - 0.3)  # due at 0.2 s, the traffic goes on
+            assert settles(registry, "recent") == 0
+            await asyncio.sleep(0.4)
             assert settles(registry, "recent") == 1
-            assert settles(registry, "full") == 0
-            quiet.busy = False  # idle for long: the next one (0.6 s) is the full pass it owed
+            assert settles(registry, "full") == 0  # owed, but never forced
+            quiet.busy = False  # idle for long: the next one (0.2 s after the forced one) is the full pass
             await asyncio.sleep(0.2)
             assert settles(registry, "full") == 1
             assert settles(registry, "recent") == 1
