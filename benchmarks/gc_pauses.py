@@ -5,9 +5,10 @@ GetPreferredAllocation and PreStart, and a filler resource), once with `--gc-set
 as it is) and once with the default settles (deviceplane/agent/heap.py), alternated run by run. Each run: the warm-up
 and sustained batches of compare.py, then `--reps` rounds of the four 0-held cells (Allocate only / all RPCs,
 sequential / 8 concurrent), each followed by `--idle` seconds without traffic (pods come in bursts), then `--held`
-containers held and `--reps` rounds again. Printed per setting: the
-admissions slower than 10 ms in the 8-concurrent Allocate-only cells (a pause holds every admission in flight), the
-cells' worst p99, and the agent's own `deviceplane_agent_gc_pause_seconds`: full passes and their time.
+containers held and `--reps` rounds again. Printed per setting: the admissions slower than 10 ms in the 8-concurrent
+Allocate-only cells (a pause holds every admission in flight), those cells' p99s, and from the agent's /metrics the
+collections during the traffic: CPython's own by generation (`deviceplane_agent_gc_pause_seconds`) and the settles
+(`deviceplane_agent_heap_settle_seconds`), each with the bucket bound that holds the longest.
 
     python benchmarks/gc_pauses.py [--runs 2] [--reps 3] [--pods 200] [--idle 0.5] [--held 5000] [--sustained 1000]
 """
