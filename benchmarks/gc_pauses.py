@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -59,14 +61,13 @@ class SettledAgentSide(AgentSide):
         collections by generation (`deviceplane_agent_gc_pause_seconds`), "recent" and "full" for the settles
         (`deviceplane_agent_heap_settle_seconds`)."""
         found: dict[str, list[tuple[float, float]]] = {}
-        for line in http_get(self.port, "/metrics").decode().splitlines():
-            if line.startswith(
-                ("deviceplane_agent_gc_pause_seconds_bucket{", "deviceplane_agent_heap_settle_seconds_bucket{")
-            ):
-                labels, value = line.rsplit(" ", 1)
-                series = labels.split('="')[1].split('"')[0]  # generation or kind: the first label
-                bound = labels.split('le="')[1].split('"')[0]
-                found.setdefault(series, []).append((float(bound), float(value)))
+        for family in text_string_to_metric_families(http_get(self.port, "/metrics").decode()):
+            if family.name not in ("deviceplane_agent_gc_pause_seconds", "deviceplane_agent_heap_settle_seconds"):
+                continue
+            for sample in family.samples:
+                if sample.name.endswith("_bucket"):
+                    series = sample.labels.get("generation") or sample.labels["kind"]
+                    found.setdefault(series, []).append((float(sample.labels["le"]), sample.value))
         return {series: sorted(buckets) for series, buckets in found.items()}
 
 

@@ -1,9 +1,9 @@
 """Keeping CPython's full collections off the admission path, and timing every collection.
 
 A full (generation 2) collection walks every object the collector tracks, and nothing else runs meanwhile. In the
-agent that is ~50,000 objects once started (~20 ms on a 2-vCPU VM) and ~136,000 with 5,000 containers holding
-devices (up to ~100 ms). Left to CPython, such a pass starts whenever enough objects have survived, which under load
-is in the middle of admissions, and every admission in flight waits for it (`benchmarks/gc_pauses.py`).
+agent that is ~50,000 objects once started (17-24 ms on a 2-vCPU VM) and ~136,000 with 5,000 containers holding
+devices (81 ms). Left to CPython, such a pass starts whenever enough objects have survived, which under load is in
+the middle of admissions, and every admission in flight waits for it (`benchmarks/gc_pauses.py`).
 
 So the heap is settled instead:
 - at start, what was built (modules, servers, the restored state) is collected once and frozen out of the
@@ -25,12 +25,10 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Gauge
 
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.core.durations import BucketedDurations
@@ -40,9 +38,9 @@ log = logging.getLogger("deviceplane.agent.heap")
 SETTLE_INTERVAL_SECONDS = 10.0
 # Every this many settles (~10 min apart at the default interval) the whole heap is collected.
 FULL_SETTLE_EVERY = 60
-# Young collections every 10,000 net allocations (CPython's default 700: one every few admissions), each ~1-5 ms here;
-# the older generations are left to the settles (CPython's own passes over them stay as a backstop, ~10M and ~10G
-# allocations apart).
+# Young collections every 10,000 net allocations (CPython's default 700: one every few admissions), the longest under
+# 5 ms in benchmarks/gc_pauses.py; the older generations are left to the settles (CPython's own passes over them stay
+# as a backstop, ~10M and ~10G allocations apart).
 GC_THRESHOLDS = (10_000, 1_000, 1_000)
 # A settle waits for this long without work in flight: admissions often end together (one fdatasync serves a group),
 # and the next ones arrive a fraction of a millisecond later.
@@ -62,10 +60,10 @@ class GcPauses:
     settles' passes, made while `settling` is set, are timed by the keeper instead."""
 
     def __init__(self) -> None:
-        self._by_generation = [BucketedDurations(PAUSE_BUCKETS) for _ in GENERATIONS]
         self.durations: dict[tuple[str, ...], BucketedDurations] = {
-            (generation,): durations for generation, durations in zip(GENERATIONS, self._by_generation, strict=True)
+            (generation,): BucketedDurations(PAUSE_BUCKETS) for generation in GENERATIONS
         }
+        self._by_generation = list(self.durations.values())  # indexed by the callback's generation number
         self.settling = False
         self._started = 0.0
 
@@ -84,15 +82,6 @@ class GcPauses:
     def uninstall(self) -> None:
         if self in gc.callbacks:
             gc.callbacks.remove(self)
-
-
-class _FrozenObjects(Collector):
-    def collect(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily(
-            "deviceplane_agent_gc_frozen_objects",
-            "Objects frozen out of the collector's generations by the last heap settle (skipped by its passes).",
-            value=gc.get_freeze_count(),
-        )
 
 
 class HeapKeeper:
@@ -135,7 +124,11 @@ class HeapKeeper:
                 self._settle_durations,
             )
         )
-        prometheus.register(_FrozenObjects())
+        Gauge(
+            "deviceplane_agent_gc_frozen_objects",
+            "Objects frozen out of the collector's generations by the last heap settle (skipped by its passes).",
+            registry=prometheus,
+        ).set_function(gc.get_freeze_count)
 
     @property
     def settling(self) -> bool:

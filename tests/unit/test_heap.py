@@ -5,16 +5,18 @@ test."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from deviceplane.agent.heap import FORCED_AFTER_INTERVALS, GC_THRESHOLDS, QUIET_SECONDS, HeapKeeper
 from deviceplane.agent.in_flight import InFlight
+from deviceplane.aio import cancel_and_wait
 
 
 @pytest.fixture(autouse=True)
@@ -127,13 +129,21 @@ def test_only_a_full_settle_reclaims_a_cycle_frozen_before_it_became_garbage() -
         keeper.stop()
 
 
+@contextlib.asynccontextmanager
+async def settling(keeper: HeapKeeper) -> AsyncIterator[None]:
+    """The keeper's loop running, as the agent's supervisor runs it, until the block ends."""
+    task = asyncio.create_task(keeper.run())
+    try:
+        yield
+    finally:
+        await cancel_and_wait([task])
+
+
 def test_a_due_settle_waits_for_a_quiet_moment() -> None:
     async def scenario() -> None:
         registry = CollectorRegistry()
         quiet = Quiet(busy=True)
-        keeper = HeapKeeper(quiet, registry, interval=1.0, full_every=1000)
-        task = asyncio.create_task(keeper.run())
-        try:
+        async with settling(HeapKeeper(quiet, registry, interval=1.0, full_every=1000)):
             await asyncio.sleep(1.1)  # due at 1.0 s, the traffic goes on
             assert settles(registry, "recent") == 0
             quiet.end()  # quiet enough at ~1.35 s
@@ -141,9 +151,6 @@ def test_a_due_settle_waits_for_a_quiet_moment() -> None:
             assert settles(registry, "recent") == 0
             await asyncio.sleep(0.35)
             assert settles(registry, "recent") == 1
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scenario())
 
@@ -152,9 +159,8 @@ def test_without_a_quiet_moment_a_recent_settle_is_forced_late_and_a_full_one_ne
     async def scenario() -> None:
         registry = CollectorRegistry()
         quiet = Quiet(busy=True)
-        keeper = HeapKeeper(quiet, registry, interval=0.2, full_every=1)  # every settle should be a full one
-        task = asyncio.create_task(keeper.run())
-        try:
+        # full_every=1: every settle should be a full one
+        async with settling(HeapKeeper(quiet, registry, interval=0.2, full_every=1)):
             forced_at = 0.2 * (1 + FORCED_AFTER_INTERVALS)
             await asyncio.sleep(forced_at - 0.3)  # due at 0.2 s, the traffic goes on
             assert settles(registry, "recent") == 0
@@ -165,9 +171,6 @@ def test_without_a_quiet_moment_a_recent_settle_is_forced_late_and_a_full_one_ne
             await asyncio.sleep(0.2)
             assert settles(registry, "full") == 1
             assert settles(registry, "recent") == 1
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     asyncio.run(scenario())
 
