@@ -1,10 +1,11 @@
 """The background checkpoint's cost: encoding `kubelet_internal_checkpoint` (Go JSON of every entry and the go-spew
-text its checksum hashes, pure Python holding the GIL in a worker thread) and writing it, for N entries shaped like
-the sim plugin's (one device, a small Allocate response) and two registered resources.
+text its checksum hashes, pure Python, which the agent runs on its event loop in slices) and writing it, for N
+entries shaped like the sim plugin's (one device, a small Allocate response) and two registered resources.
 
 Figures, medians over --rounds, in ms: `encode()` from scratch; `CheckpointEncoder` the first time (every entry new)
-and again with 1% of the entries replaced (as between two paced checkpoints); `CheckpointStore.write` (encode, temp
-file, fsync, rename, directory fsync) with its encoder's texts kept.
+and again with 1% of the entries replaced (as between two paced checkpoints); that same encoding in slices of the
+agent's length (`encode_in_slices`), its longest slice and how many; the encoding with every entry's texts kept and
+`CheckpointStore.write_encoded` (temp file, fsync, rename, directory fsync).
 
     python benchmarks/checkpoint_encode.py [--entries 5000] [--rounds 5]
 """
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from deviceplane.agent.state.checkpoint_store import CheckpointStore  # noqa: E402
+from deviceplane.agent.state.checkpoint_writer import ENCODE_SLICE_SECONDS  # noqa: E402
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
 from deviceplane.core.checkpoint import CheckpointData, CheckpointEncoder, PodDevicesEntry, encode  # noqa: E402
 
@@ -40,6 +42,20 @@ def ms(work: Callable[[], object]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def slice_spans(encoder: CheckpointEncoder, data: CheckpointData) -> list[float]:
+    """ms of each slice of `encode_in_slices(data)` with the agent's slice length."""
+    spans = []
+    slices = encoder.encode_in_slices(data, time.perf_counter, ENCODE_SLICE_SECONDS)
+    while True:
+        started = time.perf_counter()
+        try:
+            next(slices)
+        except StopIteration:
+            spans.append((time.perf_counter() - started) * 1000)
+            return spans
+        spans.append((time.perf_counter() - started) * 1000)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=5000, help="pod device entries [5000]")
@@ -53,26 +69,33 @@ def main() -> None:
     data = CheckpointData(entries, registered)
     changed = max(1, args.entries // 100)
     later = CheckpointData([entry(args.entries + i) for i in range(changed)] + entries[changed:], registered)
-    plain, first, again, write = [], [], [], []
+    plain, first, again, write, longest, slices = [], [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="dp-ckpt-") as directory:
         store = CheckpointStore(directory)
-        store.write(data)  # its encoder now knows every entry
+        known = CheckpointEncoder()
+        known.encode(data)  # it now knows every entry
         for _ in range(args.rounds):
             plain.append(ms(lambda: encode(data)))
             encoder = CheckpointEncoder()
             first.append(ms(lambda: encoder.encode(data)))  # noqa: B023 - called at once
             again.append(ms(lambda: encoder.encode(later)))  # noqa: B023
-            write.append(ms(lambda: store.write(data)))
+            write.append(ms(lambda: store.write_encoded(known.encode(data))))
+            encoder.encode(data)
+            spans = slice_spans(encoder, later)
+            longest.append(max(spans))
+            slices.append(len(spans))
     size = len(encode(data))
     print(f"checkpoint of {args.entries:,} entries ({size / 1e6:.2f} MB), median of {args.rounds} rounds, ms:")
     rows = [
         ("encode() from scratch", plain),
         ("CheckpointEncoder, every entry new", first),
         (f"CheckpointEncoder, {changed:,} of them replaced since", again),
-        ("CheckpointStore.write, texts kept (fsyncs, rename included)", write),
+        ("the same in slices of 0.5 ms, as the agent: the longest slice", longest),
+        ("  and the number of slices", slices),
+        ("encoded, texts kept, then CheckpointStore.write_encoded (fsyncs, rename)", write),
     ]
     for label, figures in rows:
-        print(f"  {label:<62} {statistics.median(figures):7.1f}")
+        print(f"  {label:<74} {statistics.median(figures):7.1f}")
 
 
 if __name__ == "__main__":

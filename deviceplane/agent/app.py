@@ -64,6 +64,7 @@ from deviceplane.agent.state.journal import INLINE_SYNC_LIMIT_SECONDS, Journal
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.agent.tasks import TaskFactory
 from deviceplane.core.allocator import Allocator
+from deviceplane.core.checkpoint import CheckpointEncoder
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_POD_RESOURCES_SOCKET
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
@@ -155,7 +156,7 @@ class Agent:
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
         content = CheckpointContent(self.registry, self.pod_devices)
-        checkpoint = CheckpointWriter(self._checkpoint_file.write, content.snapshot)
+        checkpoint = CheckpointWriter(self._checkpoint_file.write_encoded, content.snapshot, CheckpointEncoder())
         journal = Journal(config.plugin_dir, inline_sync_limit=config.journal_inline_sync_limit)
         self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
         self.metrics.prometheus.register(

@@ -9,12 +9,12 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar
 
 from deviceplane.core.checkpoint_data import CheckpointData, DevicesByResource, DevicesPerNuma, PodDevicesEntry
-from deviceplane.core.spew import spew_entry, spew_text
+from deviceplane.core.spew import join_framed, spew_bytes, spew_entry, spew_registered, spew_text
 
 __all__ = [
     "CheckpointData",
@@ -76,7 +76,7 @@ fnv1a_32 = _compiled_fnv1a_32()
 
 def checksum(data: CheckpointData, entry_spews: Sequence[str] | None = None) -> int:
     """The kubelet's checksum: FNV-1a 32 of the go-spew text of the data (`entry_spews`: see `spew_text`)."""
-    return fnv1a_32(spew_text(data, entry_spews).encode("utf-8"))
+    return fnv1a_32(spew_text(data, entry_spews).encode())
 
 
 # -- errors -----------------------------------------------------------------------------------------------------------
@@ -109,45 +109,124 @@ def encode(data: CheckpointData, entry_texts: Sequence[tuple[str, str]] | None =
     Raises ValueError for what Go could not hold: a NUMA id outside int64 or a string that is not valid Unicode.
     """
     entries = data.PodDeviceEntries
-    if entries is None:
-        listed, spews = "null", None
-    else:
-        if entry_texts is None:
-            entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
-        listed = "[" + ",".join(as_json for as_json, _ in entry_texts) + "]"
-        spews = [as_spew for _, as_spew in entry_texts]
-    text = (
-        f'{{"Data":{{"PodDeviceEntries":{listed}'
-        f',"RegisteredDevices":{_string_keyed_json(data.RegisteredDevices)}}}'
-        f',"Checksum":{checksum(data, spews)}}}'
-    )
-    return text.encode("utf-8")
+    if entries is not None and entry_texts is None:
+        entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
+    texts = entry_texts or ()
+    registered = (_string_keyed_json(data.RegisteredDevices), spew_registered(data.RegisteredDevices))
+    json_chunks = [as_json.encode() for as_json, _ in texts]
+    spew_chunks = [as_spew.encode() for _, as_spew in texts]
+    return _finish(_encode_steps(entries is not None, json_chunks, spew_chunks, registered))
+
+
+def _encode_steps(
+    listed: bool, json_chunks: Sequence[bytes], spew_chunks: Sequence[bytes], registered: tuple[str, str]
+) -> Generator[None, None, bytes]:
+    """`encode` from the entries' texts in UTF-8 (`listed` False: a nil list), each chunk one entry's or the texts
+    of consecutive entries joined by "," (JSON) and " " (go-spew), and RegisteredDevices' JSON and go-spew texts;
+    yielding between its steps, each one pass over the text."""
+    registered_json, registered_spew = registered
+    hashed = spew_bytes(spew_chunks if listed else None, registered_spew)
+    yield
+    digest = fnv1a_32(hashed)
+    yield
+    closing = f',"RegisteredDevices":{registered_json}}},"Checksum":{digest}}}'
+    if not listed:
+        return f'{{"Data":{{"PodDeviceEntries":null{closing}'.encode()
+    return join_framed(b'{"Data":{"PodDeviceEntries":[', json_chunks, b",", ("]" + closing).encode())
+
+
+def _finish(steps: Generator[None, None, bytes]) -> bytes:
+    """Run `steps` to their end without pausing; what they return."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            result: bytes = done.value
+            return result
 
 
 class CheckpointEncoder:
     """`encode`, keeping each entry's JSON and go-spew texts while the entry is in the data written. Entries never
     change once made (PodDevices replaces an entry, it does not edit one), and most outlive many checkpoints, so a
     checkpoint costs the texts of the entries new since the last one rather than of all: with 5,000 entries ~40 ms of
-    pure Python became ~6 ms (benchmarks/checkpoint_encode.py). That work runs in a worker thread and holds the GIL,
-    which the event loop then waits for. One writer at a time (the caller serialises)."""
+    pure Python became ~6 ms (benchmarks/checkpoint_encode.py). RegisteredDevices' texts are kept the same way, while
+    its lists are the same objects (the registry shares a resource's sorted list until its devices change); a list
+    passed in must not be modified afterwards. One writer at a time (the caller serialises).
+
+    `encode_in_slices` does the same work in slices, for a caller on an event loop that runs other work between
+    them (agent.state.checkpoint_writer): the encoding never holds the loop for long at once, and no thread competes
+    with it for the GIL."""
 
     def __init__(self) -> None:
         # id(entry) -> (entry, (JSON, spew)); the entry is kept so that its id cannot be reused by another meanwhile.
         self._kept: dict[int, tuple[PodDevicesEntry, tuple[str, str]]] = {}
+        # RegisteredDevices' (name, list) pairs, holding the lists, and their JSON and spew texts.
+        self._registered: tuple[tuple[tuple[str, list[str] | None], ...] | None, tuple[str, str]] | None = None
 
     def encode(self, data: CheckpointData) -> bytes:
+        return _finish(self.encode_in_slices(data, lambda: 0.0, 1.0))
+
+    def encode_in_slices(
+        self, data: CheckpointData, clock: Callable[[], float], slice_seconds: float
+    ) -> Generator[None, None, bytes]:
+        """`encode(data)`, yielding whenever `slice_seconds` of `clock` have passed since it last yielded (checked
+        every `_CHUNK_ENTRIES` entries), and between the final steps (one pass each over the text; the checksum's,
+        a single call, ~1.5-2 ms at 5,000 entries). Returns the bytes. Raises what `encode` raises, and then keeps
+        no text of this data."""
         kept = self._kept
         now: dict[int, tuple[PodDevicesEntry, tuple[str, str]]] = {}
-        texts = []
+        # The entries' texts joined and encoded a chunk at a time, so that the final joins copy a few long strings
+        # rather than visit thousands of short ones spread over the heap (2-4 ms on the agent's loop).
+        json_chunks: list[bytes] = []
+        spew_chunks: list[bytes] = []
+        chunk: list[tuple[str, str]] = []
+        slice_ends = clock() + slice_seconds
         for entry in data.PodDeviceEntries or ():
             key = id(entry)
             known = kept.get(key)
             if known is None or known[0] is not entry:
                 known = (entry, (_entry_json(entry), spew_entry(entry)))
             now[key] = known
-            texts.append(known[1])
+            chunk.append(known[1])
+            if len(chunk) == _CHUNK_ENTRIES:
+                _add_chunk(chunk, json_chunks, spew_chunks)
+                chunk = []
+                if clock() >= slice_ends:
+                    yield
+                    slice_ends = clock() + slice_seconds
+        _add_chunk(chunk, json_chunks, spew_chunks)
+        registered = self._registered_texts(data.RegisteredDevices)
         self._kept = now  # only what this checkpoint holds: released entries are forgotten
-        return encode(data, texts)
+        yield
+        return (yield from _encode_steps(data.PodDeviceEntries is not None, json_chunks, spew_chunks, registered))
+
+    def _registered_texts(self, devices: DevicesByResource | None) -> tuple[str, str]:
+        pairs = None if devices is None else tuple(devices.items())
+        known = self._registered
+        if known is None or not _same_lists(known[0], pairs):
+            known = (pairs, (_string_keyed_json(devices), spew_registered(devices)))
+            self._registered = known
+        return known[1]
+
+
+# Entries per chunk of text, and per reading of the clock: an entry costs ~1 us when its texts are kept, ~10 us when
+# they are made.
+_CHUNK_ENTRIES = 32
+
+
+def _add_chunk(chunk: list[tuple[str, str]], json_chunks: list[bytes], spew_chunks: list[bytes]) -> None:
+    if chunk:
+        json_chunks.append(",".join(as_json for as_json, _ in chunk).encode())
+        spew_chunks.append(" ".join(as_spew for _, as_spew in chunk).encode())
+
+
+def _same_lists(
+    known: tuple[tuple[str, list[str] | None], ...] | None, pairs: tuple[tuple[str, list[str] | None], ...] | None
+) -> bool:
+    """The same names, in the same order, each with the very same list object."""
+    if known is None or pairs is None:
+        return known is pairs
+    return len(known) == len(pairs) and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(known, pairs, strict=True))
 
 
 def _entry_json(entry: PodDevicesEntry) -> str:

@@ -84,6 +84,15 @@ class ResourceState:
     all_devices: dict[str, Device] = field(default_factory=dict)
     healthy: set[str] = field(default_factory=set)
     unhealthy: set[str] = field(default_factory=set)
+    # `healthy` sorted, with the set it was made from: every change replaces the set, so identity says it is current.
+    _sorted_healthy: tuple[set[str], list[str]] | None = field(default=None, repr=False, compare=False)
+
+    def sorted_healthy(self) -> list[str]:
+        """The healthy IDs in order, sorted once per change (every checkpoint asks; ~1 ms for 5,000 IDs). Shared:
+        callers must not modify it."""
+        if self._sorted_healthy is None or self._sorted_healthy[0] is not self.healthy:
+            self._sorted_healthy = (self.healthy, sorted(self.healthy))
+        return self._sorted_healthy[1]
 
     def show(self, devices: Iterable[Device]) -> None:
         self.all_devices = {}
@@ -288,8 +297,9 @@ class DeviceRegistry:
         return state is not None and state.connected and bool(state.all_devices)
 
     def registered_healthy(self) -> dict[str, list[str]]:
-        """The checkpoint's RegisteredDevices: every resource, with its healthy IDs (sorted, for stable bytes)."""
-        return {name: sorted(state.healthy) for name, state in self._resources.items()}
+        """The checkpoint's RegisteredDevices: every resource, with its healthy IDs (sorted, for stable bytes; the
+        lists are shared, read them only)."""
+        return {name: state.sorted_healthy() for name, state in self._resources.items()}
 
     def allocatable_devices(self) -> dict[str, list[Device]]:
         """Spec §4.13 GetAllocatableDevices: the healthy devices of every resource."""

@@ -21,7 +21,7 @@ from deviceplane.agent.state.journal import Journal, alloc_record, list_segments
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, admit_pod
 from deviceplane.core.allocator import AllocationError, Allocator
-from deviceplane.core.checkpoint import CheckpointData
+from deviceplane.core.checkpoint import CheckpointData, CheckpointEncoder
 from deviceplane.core.constants import CHECKPOINT_NAME
 from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
 from deviceplane.core.pods import Container, Pod
@@ -97,7 +97,12 @@ def restored_state(directory: Path) -> tuple[DeviceRegistry, PodDevices]:
         registry.restore(data.RegisteredDevices, 0.0)
     content = CheckpointContent(registry, pod_devices)
     journal = Journal(directory, segment_bytes=8 << 10)
-    store = AllocationStore(pod_devices, journal, content, CheckpointWriter(checkpoint_file.write, content.snapshot))
+    store = AllocationStore(
+        pod_devices,
+        journal,
+        content,
+        CheckpointWriter(checkpoint_file.write_encoded, content.snapshot, CheckpointEncoder()),
+    )
     store.restore(data)
     asyncio.run(journal.close())
     return registry, pod_devices

@@ -16,6 +16,7 @@ from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
 from deviceplane.agent.state.journal import Journal
 from deviceplane.core.allocator import AllocationResult, Allocator
+from deviceplane.core.checkpoint import CheckpointEncoder
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodState, PodTable
 from deviceplane.core.pods import Container, Pod
@@ -152,7 +153,7 @@ async def test_internal_error_is_counted_without_resource(tmp_path: Path) -> Non
     registry.apply_snapshot(A, "/a.sock", [Device("a-0", "Healthy")])
     pod_devices = PodDevices()
     content = CheckpointContent(registry, pod_devices)
-    checkpoint = CheckpointWriter(lambda _data: None, content.snapshot)
+    checkpoint = CheckpointWriter(lambda _blob: None, content.snapshot, CheckpointEncoder())
     store = AllocationStore(pod_devices, Journal(tmp_path), content, checkpoint)
     store.restore(None)
     metrics = AgentMetrics(registry, "node", pod_devices.allocated_count)

@@ -29,7 +29,12 @@ from tests.support.procs import ROOT, child_env
             ["--runs", "1", "--reps", "1", "--pods", "8", "--idle", "0", "--held", "24", "--sustained", "40"],
             "heap settles (default): ",
         ),
-        ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "CheckpointEncoder, 2 of them replaced since"),
+        ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "the same in slices of 0.5 ms, as the agent"),
+        (
+            "loop_stalls.py",
+            ["--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40", "--threshold", "0"],
+            "task AdmissionRunner._admit",
+        ),
         (
             "compare.py",
             [

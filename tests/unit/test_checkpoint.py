@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ from deviceplane.core.checkpoint import (
     fnv1a_32,
     spew_text,
 )
+from deviceplane.core.spew import join_framed
 
 HEAD = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)"
 REGISTERED = " RegisteredDevices:(map[string][]string)"
@@ -384,6 +386,74 @@ def test_encoder_after_an_entry_go_cannot_hold_goes_on() -> None:
     with pytest.raises(ValueError, match="lone surrogate"):
         encoder.encode(CheckpointData([good, bad], {}))
     assert encoder.encode(CheckpointData([good], {})) == encode(CheckpointData([good], {}))
+
+
+class TickingClock:
+    """Advances one second at every reading, so every check of a slice's time finds it spent."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def run_slices(encoder: CheckpointEncoder, data: CheckpointData, clock: Callable[[], float]) -> tuple[bytes, int]:
+    """The bytes `encode_in_slices` returns, and how many times it paused."""
+    slices = encoder.encode_in_slices(data, clock, 0.5)
+    pauses = 0
+    while True:
+        try:
+            next(slices)
+        except StopIteration as done:
+            return done.value, pauses
+        pauses += 1
+
+
+@settings(max_examples=100)
+@given(st.lists(entries, min_size=1, max_size=6), st.lists(st.integers(0, 5), min_size=20, max_size=100), st.booleans())
+def test_encoding_in_slices_writes_what_encode_writes_pausing_once_per_chunk(
+    pool: list[PodDevicesEntry], picks: list[int], nil_registered: bool
+) -> None:
+    """20-100 entries (up to three chunks of texts; entries repeat, as objects and as copies): the bytes are
+    `encode`'s, a pause comes after each full chunk when the slice's time is spent, and the final steps (texts
+    gathered, checksum, file) are separated by three more."""
+    chosen = [pool[i % len(pool)] if i % 2 else PodDevicesEntry(**vars(pool[i % len(pool)])) for i in picks]
+    data = CheckpointData(chosen, None if nil_registered else {"example.com/r": ["b", "a"]})
+    encoded, pauses = run_slices(CheckpointEncoder(), data, TickingClock())
+    assert encoded == encode(data)
+    assert pauses == len(chosen) // 32 + 3
+
+
+def test_encoding_in_slices_does_not_pause_while_the_slice_lasts() -> None:
+    data = CheckpointData([PodDevicesEntry(f"p{i}", "c", "r", {0: ["d"]}, ALLOC_RESP) for i in range(100)], {})
+    encoded, pauses = run_slices(CheckpointEncoder(), data, lambda: 0.0)
+    assert (encoded, pauses) == (encode(data), 3)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.tuples(st.booleans(), id_lists), min_size=1, max_size=6))
+def test_encoder_keeps_registered_devices_texts_only_while_their_lists_are_the_same(
+    steps: list[tuple[bool, list[str] | None]],
+) -> None:
+    """RegisteredDevices' texts are kept while its lists are the very same objects (the registry shares a
+    resource's sorted list until its devices change): a new list, even an equal one, is written as it is."""
+    encoder = CheckpointEncoder()
+    lists: dict[str, list[str] | None] = {"example.com/a": ["a-1"], "example.com/b": None}
+    for replace, new_list in steps:
+        if replace:
+            lists = {**lists, "example.com/a": new_list}
+        data = CheckpointData(None, dict(lists))
+        assert encoder.encode(data) == encode(data)
+    removed = CheckpointData(None, {"example.com/a": lists["example.com/a"]})
+    assert encoder.encode(removed) == encode(removed)
+    assert encoder.encode(CheckpointData(None, None)) == encode(CheckpointData(None, None))
+
+
+@given(st.binary(max_size=8), st.lists(st.binary(max_size=8), max_size=6), st.binary(max_size=2), st.binary(max_size=8))
+def test_join_framed_is_the_plain_join(opening: bytes, parts: list[bytes], separator: bytes, closing: bytes) -> None:
+    assert join_framed(opening, parts, separator, closing) == opening + separator.join(parts) + closing
 
 
 @given(st.binary(max_size=512))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.checkpoint import checkpoint_data_for_write, decode, encode
 from deviceplane.core.pod_devices import DeviceInstance, PodDevices, make_allocation
@@ -146,3 +149,32 @@ def test_run_option_conflicts_within_one_response_and_across_resources() -> None
         "Environment variable A has conflicting setting: 1 and 2 (from r2)"
     ]
     assert pds.run_option_conflicts("p", "missing") == []
+
+
+# (insert or remove, pod, container, resource)
+CHANGES = st.tuples(st.booleans(), st.sampled_from("pqrs"), st.sampled_from(["c1", "c2"]), st.sampled_from(["a", "b"]))
+
+
+@settings(max_examples=200)
+@given(st.lists(CHANGES, max_size=30), st.sets(st.sampled_from("pqrsz")))
+def test_entries_are_in_the_order_first_made_and_leave_out_the_pods_asked(
+    changes: list[tuple[bool, str, str, str]], left_out: set[str]
+) -> None:
+    """Against a list kept by hand: an insert of a new (pod, container, resource) appends its entry, a replacement
+    keeps the place, a removed pod's entries go; `without_pods` leaves out those pods' entries (an unknown pod too)."""
+    pds = PodDevices()
+    expected: list[tuple[str, str, str]] = []
+    made: dict[tuple[str, str, str], object] = {}
+    for serial, (insert, pod, container, resource) in enumerate(changes):
+        if insert:
+            allocation = make_allocation(pod, container, resource, {0: (f"d{serial}",)}, resp())
+            pds.insert(allocation)
+            if (pod, container, resource) not in made:
+                expected.append((pod, container, resource))
+            made[(pod, container, resource)] = allocation.entry
+        else:
+            pds.remove_pod(pod)
+            expected = [key for key in expected if key[0] != pod]
+            made = {key: entry for key, entry in made.items() if key[0] != pod}
+    assert pds.entries() == [made[key] for key in expected]
+    assert pds.entries(without_pods=left_out) == [made[key] for key in expected if key[0] not in left_out]

@@ -221,3 +221,18 @@ def test_registered_healthy_for_checkpoint() -> None:
     reg.plugin_connected("r/y", "/t", OPTS, 0)
     reg.apply_snapshot("r/y", "/t", devs("z:U"))
     assert reg.registered_healthy() == {"r/x": ["a", "b"], "r/y": []}
+
+
+def test_registered_healthy_lists_are_shared_until_the_devices_change() -> None:
+    """Every checkpoint asks for RegisteredDevices; a resource's sorted list is made once per change of its healthy
+    devices and shared until then (the checkpoint's encoder keeps its texts while the list is the same object)."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("b:H", "a:H"))
+    first = reg.registered_healthy()["r/x"]
+    assert first == ["a", "b"] and reg.registered_healthy()["r/x"] is first
+    reg.apply_snapshot("r/x", "/s", devs("b:H", "a:U", "c:H"))
+    changed = reg.registered_healthy()["r/x"]
+    assert changed == ["b", "c"] and first == ["a", "b"]
+    reg.plugin_disconnected("r/x", "/s", 1.0)  # the last endpoint gone: every device unhealthy
+    assert reg.registered_healthy() == {"r/x": []}

@@ -53,9 +53,9 @@ class AdmissionRunner:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._admitter.start()
-        # Checkpoint encoding runs in a worker thread; with the default 5 ms GIL switch interval every wake-up of
-        # the event loop could wait that long behind it. 1 ms keeps admission latency flat while a checkpoint of
-        # thousands of entries is written.
+        # Worker threads (the checkpoint file's write, the journal's writer while the disk is slow) hold the GIL
+        # between their system calls; with the default 5 ms switch interval each time could delay the event loop
+        # that long. 1 ms bounds it.
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_SECONDS))
         self._store.start()
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from deviceplane.core.checkpoint import (
     CheckpointData,
-    CheckpointEncoder,
     CheckpointError,
     CorruptCheckpointError,
     decode,
+    encode,
 )
 from deviceplane.core.constants import CHECKPOINT_NAME, CHECKPOINT_TEMP_PREFIX
 
@@ -42,12 +42,14 @@ class CheckpointStore:
         self.path = self.directory / CHECKPOINT_NAME
         self._clock = clock  # names moved-aside files
         self._lock = threading.Lock()  # one writer/reader at a time, as the kubelet's checkpoint manager
-        self._encoder = CheckpointEncoder()  # used under `_lock`
 
     def write(self, data: CheckpointData) -> None:
         """Replace the checkpoint with `data`, atomically and durably. On failure the old file is left as it was."""
+        self.write_encoded(encode(data))
+
+    def write_encoded(self, blob: bytes) -> None:
+        """`write`, of data already encoded (CheckpointEncoder: the agent encodes on its event loop)."""
         with self._lock:
-            blob = self._encoder.encode(data)
             self.directory.mkdir(mode=_DIRECTORY_MODE, parents=True, exist_ok=True)
             fd, temp_name = tempfile.mkstemp(prefix=CHECKPOINT_TEMP_PREFIX, dir=self.directory)  # mode 0600
             try:

@@ -1,0 +1,235 @@
+"""What holds the agent's event loop while admissions wait: the slow admissions of continuous traffic, and the loop's
+callbacks that ran for a millisecond or more around them.
+
+The agent runs as in compare.py (`--debug-admit-api`, 1,024-device sims, one answering Allocate only, one with
+GetPreferredAllocation and PreStart, and a filler resource), started through this script, which wraps asyncio's
+`Handle._run` (every callback the loop runs: a task's step, an I/O callback, a timer) to note the wall and CPU time
+of each one that takes `--threshold` or more (and of garbage collections as long, which run inside them), and
+`Admitter._admit` to note every admission over 10 ms (the product
+has no such hooks; the wrapper costs ~1 us per callback). Traffic: compare.py's warm-up and sustained batches, then
+`--reps` rounds of the four cells (Allocate only / all RPCs, sequential / 8 concurrent, `--pods` each) without a pause,
+at 0 held and with 5,000 held.
+
+Printed: per held level, the admissions over 10 ms in the 8-concurrent Allocate-only cells (as the client timed them)
+and those cells' p99s; then the long callbacks by what ran (a task's coroutine, or the callback's name): how many,
+the longest wall and CPU time, and how many of the Allocate-only admissions over 10 ms (timed inside the agent) each
+overlapped.
+
+    python benchmarks/loop_stalls.py [--reps 6] [--pods 200] [--held 5000] [--sustained 1000] [--threshold 0.001]
+                                     [--agent-source DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if len(sys.argv) > 4 and sys.argv[1] == "--hooked-agent":  # the agent's own sources first (--agent-source)
+    sys.path.insert(0, sys.argv[4])
+
+from benchmarks.compare import (  # noqa: E402
+    FILLER,
+    MEASURED_DEVICES,
+    PLAIN,
+    RPCS,
+    AgentSide,
+    admit_many,
+    percentile,
+    remove_many,
+    start_sim,
+    stop_procs,
+    sustained,
+    wait,
+)
+
+SLOW_SECONDS = 0.010
+
+
+# ---- the hooked agent (runs in the agent's process) --------------------------------------------------------------
+
+
+def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
+    """Run the agent noting long loop callbacks and slow admissions, written to `out` when it exits."""
+    import asyncio.events
+    import gc
+
+    from deviceplane.agent.admission.admitter import Admitter
+    from deviceplane.cli import main
+
+    clock, cpu = time.perf_counter_ns, time.thread_time_ns
+    callbacks: list[tuple[int, int, int, str]] = []  # start, wall, CPU (ns), what ran
+    admissions: list[tuple[int, int, list[str]]] = []  # start, wall (ns), resources
+    threshold_ns = int(threshold * 1e9)
+    run = asyncio.events.Handle._run
+
+    def timed_run(handle: asyncio.events.Handle) -> None:
+        started, cpu_started = clock(), cpu()
+        try:
+            run(handle)
+        finally:
+            wall = clock() - started
+            if wall >= threshold_ns:
+                callbacks.append((started, wall, cpu() - cpu_started, what_ran(handle)))
+
+    admit = Admitter._admit
+
+    async def timed_admit(self: Admitter, record: Any) -> None:
+        started = clock()
+        try:
+            await admit(self, record)
+        finally:
+            wall = clock() - started
+            if wall > SLOW_SECONDS * 1e9:
+                admissions.append((started, wall, sorted({r for c in record.pod.all_containers for r, _ in c.limits})))
+
+    collection_started = [0]
+
+    def timed_collection(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collection_started[0] = clock()
+            return
+        wall = clock() - collection_started[0]
+        if wall >= threshold_ns:
+            kind = f"(inside one of the above) garbage collection, generation {info['generation']}"
+            callbacks.append((collection_started[0], wall, wall, kind))
+
+    gc.callbacks.append(timed_collection)
+    asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
+    Admitter._admit = timed_admit  # type: ignore[method-assign]
+    try:
+        return main(argv)
+    finally:
+        import deviceplane
+
+        marks = {"callbacks": callbacks, "admissions": admissions, "agent": str(Path(deviceplane.__file__).parents[1])}
+        Path(out).write_text(json.dumps(marks))
+
+
+def what_ran(handle: Any) -> str:
+    """A task's coroutine (for its steps and wake-ups), else the callback's qualified name."""
+    callback = handle._callback
+    owner = getattr(callback, "__self__", None)
+    if owner is not None and hasattr(owner, "get_coro"):
+        coro = owner.get_coro()
+        return f"task {getattr(coro, '__qualname__', type(coro).__name__)}"
+    return getattr(callback, "__qualname__", type(callback).__name__)
+
+
+# ---- the benchmark -------------------------------------------------------------------------------------------------
+
+
+class HookedAgentSide(AgentSide):
+    def __init__(self, work: Path, threshold: float, source: Path) -> None:
+        super().__init__(work)
+        self.marks_file = work / "loop.json"
+        self.threshold = threshold
+        self.source = source
+
+    def argv(self) -> list[str]:
+        plain = super().argv()
+        hooks = ["--hooked-agent", str(self.marks_file), str(self.threshold), str(self.source)]
+        return [plain[0], __file__, *hooks, "--", *plain[3:]]
+
+
+def run(args: argparse.Namespace) -> None:
+    cells: dict[int, list[list[float]]] = {0: [], args.held: []}
+    with tempfile.TemporaryDirectory(prefix="loop-stalls-") as tmp:
+        side = HookedAgentSide(Path(tmp), args.threshold, args.agent_source)
+        sims = []
+        side.start()
+        try:
+            plain = ("--no-preferred-allocation", "--no-pre-start")
+            sims.append(start_sim(side, PLAIN, MEASURED_DEVICES, 2, *plain))
+            sims.append(start_sim(side, RPCS, MEASURED_DEVICES, 2))
+            sims.append(start_sim(side, FILLER, args.held + 16, 0, *plain))
+            for resource, count in ((PLAIN, MEASURED_DEVICES), (RPCS, MEASURED_DEVICES), (FILLER, args.held + 16)):
+                wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{resource} registered")
+            for resource, workers in ((PLAIN, 1), (PLAIN, 8), (RPCS, 8)):
+                warm = f"warm-{resource.rpartition('/')[2]}-{workers}"
+                admit_many(side, warm, resource, 100, workers)
+                remove_many(side, warm, 100)
+            traffic_started = time.perf_counter_ns()  # the same clock as the agent's (CLOCK_MONOTONIC)
+            sustained(side, 8, args.sustained)
+            for level in cells:
+                if level:
+                    admit_many(side, "fill", FILLER, level, 8)
+                for rep in range(args.reps):
+                    for rpcs, resource in (("plain", PLAIN), ("rpcs", RPCS)):
+                        for workers in (1, 8):
+                            prefix = f"m{level}-{rep}-{rpcs}-{workers}"
+                            cell = admit_many(side, prefix, resource, args.pods, workers)
+                            remove_many(side, prefix, args.pods)
+                            if rpcs == "plain" and workers == 8:
+                                cells[level].append(cell.latencies)
+            traffic_ended = time.perf_counter_ns()
+        finally:
+            stop_procs(sims)
+            side.stop()
+        marks = json.loads(side.marks_file.read_text())
+    during = [mark for mark in marks["callbacks"] if traffic_started <= mark[0] <= traffic_ended]
+    slow = [(started, wall) for started, wall, resources in marks["admissions"] if resources == [PLAIN]]
+    print(f"agent: {marks['agent']}")
+    report(cells, during, slow, args.threshold)
+
+
+def report(
+    cells: dict[int, list[list[float]]],
+    callbacks: list[tuple[int, int, int, str]],
+    admissions: list[tuple[int, int]],
+    threshold: float,
+) -> None:
+    for level, latencies in cells.items():
+        every = [seconds for cell in latencies for seconds in cell]
+        slow = sum(1 for seconds in every if seconds > SLOW_SECONDS)
+        p99s = [percentile(cell, 0.99) * 1e3 for cell in latencies]
+        print(
+            f"{level:,} held: {slow} of {len(every)} admissions > 10 ms in the 8-concurrent Allocate-only cells; "
+            f"their p99 median {statistics.median(p99s):.2f} ms, worst {max(p99s):.2f} ms"
+        )
+    print(f"Allocate-only admissions over 10 ms inside the agent, sequential and concurrent: {len(admissions)}")
+    print(f"loop callbacks of {threshold * 1e3:g} ms or more during the traffic, by what ran:")
+    by_kind: dict[str, list[tuple[int, int, int]]] = {}
+    for started, wall, cpu, kind in callbacks:
+        by_kind.setdefault(kind, []).append((started, wall, cpu))
+    print(f"  {'count':>6} {'longest ms':>10} {'its CPU':>8} {'of those admissions overlapped':>30}  what ran")
+    for kind, runs in sorted(by_kind.items(), key=lambda item: -len(item[1])):
+        longest = max(runs, key=lambda run: run[1])
+        overlapped = sum(1 for admission in admissions if any(overlap(admission, run) for run in runs))
+        print(f"  {len(runs):>6} {longest[1] / 1e6:>10.1f} {longest[2] / 1e6:>8.1f} {overlapped:>30}  {kind}")
+
+
+def overlap(admission: tuple[int, int], run: tuple[int, int, int]) -> bool:
+    (admitted_at, admission_wall), (ran_at, run_wall, _) = admission, run
+    return ran_at < admitted_at + admission_wall and ran_at + run_wall > admitted_at
+
+
+def main() -> None:
+    if len(sys.argv) > 4 and sys.argv[1] == "--hooked-agent":
+        out, threshold, rest = sys.argv[2], float(sys.argv[3]), sys.argv[5:]
+        raise SystemExit(hooked_agent(out, threshold, rest[1:] if rest[:1] == ["--"] else rest))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=6, help="rounds of the four cells at each held level [6]")
+    parser.add_argument("--pods", type=int, default=200, help="admissions per cell [200]")
+    parser.add_argument("--held", type=int, default=5000, help="containers held in the second half [5000]")
+    parser.add_argument("--sustained", type=int, default=1000, help="pods per sustained batch, 3 batches [1000]")
+    parser.add_argument("--threshold", type=float, default=0.001, help="seconds a callback must take to be noted")
+    parser.add_argument(
+        "--agent-source",
+        type=Path,
+        default=ROOT,
+        help="the checkout whose agent runs, for an A/B against another commit (`git worktree add`) [this one]",
+    )
+    args = parser.parse_args()
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
