@@ -4,7 +4,8 @@ entries shaped like the sim plugin's (one device, a small Allocate response) and
 
 Figures, medians over --rounds, in ms: `encode()` from scratch; `CheckpointEncoder` the first time (every entry new)
 and again with 1% of the entries replaced (as between two paced checkpoints); that same encoding in slices of the
-agent's length (`encode_in_slices`), its longest slice and how many; the encoding with every entry's texts kept and
+agent's length (`encode_in_slices`), its longest slice and how many; the longest slice with 10 resources x 10,000
+registered devices when one resource's list is new; the encoding with every entry's texts kept and
 `CheckpointStore.write_encoded` (temp file, fsync, rename, directory fsync).
 
     python benchmarks/checkpoint_encode.py [--entries 5000] [--rounds 5]
@@ -13,11 +14,12 @@ agent's length (`encode_in_slices`), its longest slice and how many; the encodin
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,6 +58,23 @@ def slice_spans(encoder: CheckpointEncoder, data: CheckpointData) -> list[float]
         spans.append((time.perf_counter() - started) * 1000)
 
 
+def many_devices(entries: list[PodDevicesEntry]) -> tuple[Iterator[CheckpointData], CheckpointEncoder]:
+    """Checkpoints of 10 resources x 10,000 devices in which one resource's list is new each time (as after one
+    health change), and an encoder that has seen the first."""
+    registered = {f"example.com/r{r}": [f"dev-{r}-{i}" for i in range(10_000)] for r in range(10)}
+    encoder = CheckpointEncoder()
+    encoder.encode(CheckpointData(entries, registered))
+
+    def changes() -> Iterator[CheckpointData]:
+        nonlocal registered
+        for round_ in itertools.count():
+            changed = [f"dev-3-{i}" for i in range(10_000) if i != round_ % 10_000]
+            registered = {**registered, "example.com/r3": changed}
+            yield CheckpointData(entries, registered)
+
+    return changes(), encoder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=5000, help="pod device entries [5000]")
@@ -69,7 +88,8 @@ def main() -> None:
     data = CheckpointData(entries, registered)
     changed = max(1, args.entries // 100)
     later = CheckpointData([entry(args.entries + i) for i in range(changed)] + entries[changed:], registered)
-    plain, first, again, write, longest, slices = [], [], [], [], [], []
+    plain, first, again, write, longest, slices, wide_longest = [], [], [], [], [], [], []
+    wide, wide_encoder = many_devices(entries[:100])
     with tempfile.TemporaryDirectory(prefix="dp-ckpt-") as directory:
         store = CheckpointStore(directory)
         known = CheckpointEncoder()
@@ -84,6 +104,7 @@ def main() -> None:
             spans = slice_spans(encoder, later)
             longest.append(max(spans))
             slices.append(len(spans))
+            wide_longest.append(max(slice_spans(wide_encoder, next(wide))))
     size = len(encode(data))
     print(f"checkpoint of {args.entries:,} entries ({size / 1e6:.2f} MB), median of {args.rounds} rounds, ms:")
     rows = [
@@ -92,6 +113,7 @@ def main() -> None:
         (f"CheckpointEncoder, {changed:,} of them replaced since", again),
         ("the same in slices of 0.5 ms, as the agent: the longest slice", longest),
         ("  and the number of slices", slices),
+        ("10 resources x 10,000 devices, one resource's list new: the longest slice", wide_longest),
         ("encoded, texts kept, then CheckpointStore.write_encoded (fsyncs, rename)", write),
     ]
     for label, figures in rows:

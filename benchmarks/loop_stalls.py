@@ -71,13 +71,14 @@ def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
     run = asyncio.events.Handle._run
 
     def timed_run(handle: asyncio.events.Handle) -> None:
+        callback = handle._callback  # type: ignore[attr-defined]  # read first: cancelling a handle clears it
         started, cpu_started = clock(), cpu()
         try:
             run(handle)
         finally:
             wall = clock() - started
             if wall >= threshold_ns:
-                callbacks.append((started, wall, cpu() - cpu_started, what_ran(handle)))
+                callbacks.append((started, wall, cpu() - cpu_started, what_ran(callback)))
 
     admit = Admitter._admit
 
@@ -113,9 +114,8 @@ def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
         Path(out).write_text(json.dumps(marks))
 
 
-def what_ran(handle: Any) -> str:
+def what_ran(callback: Any) -> str:
     """A task's coroutine (for its steps and wake-ups), else the callback's qualified name."""
-    callback = handle._callback
     owner = getattr(callback, "__self__", None)
     if owner is not None and hasattr(owner, "get_coro"):
         coro = owner.get_coro()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar
 
 from deviceplane.core.checkpoint_data import CheckpointData, DevicesByResource, DevicesPerNuma, PodDevicesEntry
-from deviceplane.core.spew import join_framed, spew_bytes, spew_entry, spew_registered, spew_text
+from deviceplane.core.spew import framed_pieces, spew_entry, spew_pieces, spew_registered_item, spew_text
 
 __all__ = [
     "CheckpointData",
@@ -112,27 +112,40 @@ def encode(data: CheckpointData, entry_texts: Sequence[tuple[str, str]] | None =
     if entries is not None and entry_texts is None:
         entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
     texts = entry_texts or ()
-    registered = (_string_keyed_json(data.RegisteredDevices), spew_registered(data.RegisteredDevices))
+    devices = data.RegisteredDevices
+    registered = None
+    if devices is not None:
+        parts = [_registered_parts(name, devices[name]) for name in sorted(devices)]
+        registered = ([json_part for json_part, _ in parts], [spew_part for _, spew_part in parts])
     json_chunks = [as_json.encode() for as_json, _ in texts]
     spew_chunks = [as_spew.encode() for _, as_spew in texts]
     return _finish(_encode_steps(entries is not None, json_chunks, spew_chunks, registered))
 
 
+def _registered_parts(name: str, ids: list[str] | None) -> tuple[bytes, bytes]:
+    """One resource's part of RegisteredDevices, in JSON and in go-spew, UTF-8."""
+    return f"{_json_string(name)}:{_string_list_json(ids)}".encode(), spew_registered_item(name, ids).encode()
+
+
 def _encode_steps(
-    listed: bool, json_chunks: Sequence[bytes], spew_chunks: Sequence[bytes], registered: tuple[str, str]
+    listed: bool,
+    json_chunks: Sequence[bytes],
+    spew_chunks: Sequence[bytes],
+    registered: tuple[Sequence[bytes], Sequence[bytes]] | None,
 ) -> Generator[None, None, bytes]:
     """`encode` from the entries' texts in UTF-8 (`listed` False: a nil list), each chunk one entry's or the texts
-    of consecutive entries joined by "," (JSON) and " " (go-spew), and RegisteredDevices' JSON and go-spew texts;
-    yielding between its steps, each one pass over the text."""
-    registered_json, registered_spew = registered
-    hashed = spew_bytes(spew_chunks if listed else None, registered_spew)
+    of consecutive entries joined by "," (JSON) and " " (go-spew), and RegisteredDevices' JSON and go-spew parts in
+    the order of the resources' names (None: a nil map); yielding between its steps, each one pass over the text."""
+    hashed = b"".join(spew_pieces(spew_chunks if listed else None, None if registered is None else registered[1]))
     yield
     digest = fnv1a_32(hashed)
     yield
-    closing = f',"RegisteredDevices":{registered_json}}},"Checksum":{digest}}}'
-    if not listed:
-        return f'{{"Data":{{"PodDeviceEntries":null{closing}'.encode()
-    return join_framed(b'{"Data":{"PodDeviceEntries":[', json_chunks, b",", ("]" + closing).encode())
+    pieces = [b'{"Data":{"PodDeviceEntries":']
+    pieces += framed_pieces(b"[", json_chunks, b",", b"]") if listed else [b"null"]
+    pieces.append(b',"RegisteredDevices":')
+    pieces += [b"null"] if registered is None else framed_pieces(b"{", registered[0], b",", b"}")
+    pieces.append(b'},"Checksum":%d}' % digest)
+    return b"".join(pieces)
 
 
 def _finish(steps: Generator[None, None, bytes]) -> bytes:
@@ -149,9 +162,9 @@ class CheckpointEncoder:
     """`encode`, keeping each entry's JSON and go-spew texts while the entry is in the data written. Entries never
     change once made (PodDevices replaces an entry, it does not edit one), and most outlive many checkpoints, so a
     checkpoint costs the texts of the entries new since the last one rather than of all: with 5,000 entries ~40 ms of
-    pure Python became ~6 ms (benchmarks/checkpoint_encode.py). RegisteredDevices' texts are kept the same way, while
-    its lists are the same objects (the registry shares a resource's sorted list until its devices change); a list
-    passed in must not be modified afterwards. One writer at a time (the caller serialises).
+    pure Python became ~6 ms (benchmarks/checkpoint_encode.py). Each resource's RegisteredDevices texts are kept the
+    same way, while its list is the same object (the registry shares a resource's sorted list until its devices
+    change); a list passed in must not be modified afterwards. One writer at a time (the caller serialises).
 
     `encode_in_slices` does the same work in slices, for a caller on an event loop that runs other work between
     them (agent.state.checkpoint_writer): the encoding never holds the loop for long at once, and no thread competes
@@ -160,8 +173,8 @@ class CheckpointEncoder:
     def __init__(self) -> None:
         # id(entry) -> (entry, (JSON, spew)); the entry is kept so that its id cannot be reused by another meanwhile.
         self._kept: dict[int, tuple[PodDevicesEntry, tuple[str, str]]] = {}
-        # RegisteredDevices' (name, list) pairs, holding the lists, and their JSON and spew texts.
-        self._registered: tuple[tuple[tuple[str, list[str] | None], ...] | None, tuple[str, str]] | None = None
+        # resource -> (its RegisteredDevices list, held so that the object stays the same one; its JSON and spew parts)
+        self._registered: dict[str, tuple[list[str] | None, tuple[bytes, bytes]]] = {}
 
     def encode(self, data: CheckpointData) -> bytes:
         return _finish(self.encode_in_slices(data, lambda: 0.0, 1.0))
@@ -195,18 +208,25 @@ class CheckpointEncoder:
                     yield
                     slice_ends = clock() + slice_seconds
         _add_chunk(chunk, json_chunks, spew_chunks)
-        registered = self._registered_texts(data.RegisteredDevices)
+        devices = data.RegisteredDevices or {}
+        registered: dict[str, tuple[list[str] | None, tuple[bytes, bytes]]] = {}
+        for name in sorted(devices):  # Go's key order: code points, which is UTF-8 byte order
+            ids = devices[name]
+            known_part = self._registered.get(name)
+            if known_part is None or known_part[0] is not ids:
+                known_part = (ids, _registered_parts(name, ids))
+                if clock() >= slice_ends:
+                    yield
+                    slice_ends = clock() + slice_seconds
+            registered[name] = known_part
         self._kept = now  # only what this checkpoint holds: released entries are forgotten
+        self._registered = registered
+        parts = None
+        if data.RegisteredDevices is not None:
+            kept_parts = [known_part for _, known_part in registered.values()]
+            parts = ([json_part for json_part, _ in kept_parts], [spew_part for _, spew_part in kept_parts])
         yield
-        return (yield from _encode_steps(data.PodDeviceEntries is not None, json_chunks, spew_chunks, registered))
-
-    def _registered_texts(self, devices: DevicesByResource | None) -> tuple[str, str]:
-        pairs = None if devices is None else tuple(devices.items())
-        known = self._registered
-        if known is None or not _same_lists(known[0], pairs):
-            known = (pairs, (_string_keyed_json(devices), spew_registered(devices)))
-            self._registered = known
-        return known[1]
+        return (yield from _encode_steps(data.PodDeviceEntries is not None, json_chunks, spew_chunks, parts))
 
 
 # Entries per chunk of text, and per reading of the clock: an entry costs ~1 us when its texts are kept, ~10 us when
@@ -218,15 +238,6 @@ def _add_chunk(chunk: list[tuple[str, str]], json_chunks: list[bytes], spew_chun
     if chunk:
         json_chunks.append(",".join(as_json for as_json, _ in chunk).encode())
         spew_chunks.append(" ".join(as_spew for _, as_spew in chunk).encode())
-
-
-def _same_lists(
-    known: tuple[tuple[str, list[str] | None], ...] | None, pairs: tuple[tuple[str, list[str] | None], ...] | None
-) -> bool:
-    """The same names, in the same order, each with the very same list object."""
-    if known is None or pairs is None:
-        return known is pairs
-    return len(known) == len(pairs) and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(known, pairs, strict=True))
 
 
 def _entry_json(entry: PodDevicesEntry) -> str:
@@ -248,13 +259,6 @@ def _numa_keyed_json(devices: DevicesPerNuma | None) -> str:
     # Go sorts map keys by their encoded text, so 10 comes before 2.
     keys = sorted(str(numa) for numa in devices)
     return "{" + ",".join(f'"{key}":{_string_list_json(devices[int(key)])}' for key in keys) + "}"
-
-
-def _string_keyed_json(devices: DevicesByResource | None) -> str:
-    if devices is None:
-        return "null"
-    # Code-point order is UTF-8 byte order, which is how Go compares the keys.
-    return "{" + ",".join(f"{_json_string(key)}:{_string_list_json(devices[key])}" for key in sorted(devices)) + "}"
 
 
 def _string_list_json(values: Iterable[str] | None) -> str:

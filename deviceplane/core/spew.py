@@ -27,50 +27,56 @@ def spew_entry(entry: PodDevicesEntry) -> str:
     )
 
 
+_OPENING = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)"
+_MIDDLE = " RegisteredDevices:(map[string][]string)"
+
+
 def spew_text(data: CheckpointData, entry_texts: Sequence[str] | None = None) -> str:
     """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`; `entry_texts`: the entries' parts, in
-    order, when the caller kept them (else made here by `spew_entry`): one per entry, or runs of consecutive ones
-    already joined by a space."""
+    order, when the caller kept them (else made here by `spew_entry`)."""
     entries = data.PodDeviceEntries
     if entries is None:
         listed = _NIL
     else:
         listed = "[" + " ".join(entry_texts if entry_texts is not None else map(spew_entry, entries)) + "]"
-    opening, closing = _frame(spew_registered(data.RegisteredDevices))
-    return opening + listed + closing
+    return _OPENING + listed + _MIDDLE + spew_registered(data.RegisteredDevices) + "}"
 
 
-def spew_bytes(entry_chunks: Sequence[bytes] | None, registered: str) -> bytes:
-    """`spew_text` in UTF-8, from the entries' parts already encoded (None: a nil list; runs of entries joined by a
-    space, as for `spew_text`) and `spew_registered`'s text; the long part is copied once."""
-    opening, closing = _frame(registered)
-    if entry_chunks is None:
-        return (opening + _NIL + closing).encode()
-    return join_framed((opening + "[").encode(), entry_chunks, b" ", ("]" + closing).encode())
+def spew_pieces(entry_chunks: Sequence[bytes] | None, registered_items: Sequence[bytes] | None) -> list[bytes]:
+    """`spew_text` in UTF-8, as pieces to join once: from the entries' parts already encoded (None: a nil list;
+    each chunk one entry's part, or runs of consecutive ones joined by a space) and each resource's
+    `spew_registered_item`, in the order of their names (None: a nil map)."""
+    pieces = [_OPENING.encode()]
+    pieces += [_NIL.encode()] if entry_chunks is None else framed_pieces(b"[", entry_chunks, b" ", b"]")
+    pieces.append(_MIDDLE.encode())
+    pieces += [_NIL.encode()] if registered_items is None else framed_pieces(b"map[", registered_items, b" ", b"]")
+    pieces.append(b"}")
+    return pieces
 
 
 def spew_registered(devices: Mapping[str, list[str] | None] | None) -> str:
     """The RegisteredDevices part of `spew_text`."""
-    return _string_keyed_map(devices)
+    if devices is None:
+        return _NIL
+    # Code-point order is UTF-8 byte order, which is how Go compares strings.
+    return "map[" + " ".join(spew_registered_item(key, devices[key]) for key in sorted(devices)) + "]"
 
 
-def _frame(registered: str) -> tuple[str, str]:
-    """The text before and after the entries' list."""
-    return (
-        "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)",
-        f" RegisteredDevices:(map[string][]string){registered}}}",
-    )
+def spew_registered_item(resource: str, ids: list[str] | None) -> str:
+    """One resource's part of `spew_registered`."""
+    return f"{resource}:{_string_list(ids)}"
 
 
-def join_framed(opening: bytes, parts: Sequence[bytes], separator: bytes, closing: bytes) -> bytes:
-    """opening + separator.join(parts) + closing, in one copy: at a megabyte each copy of a fresh buffer costs
-    ~0.5-1 ms (its pages faulted in), and the checkpoint's encoder runs on the agent's event loop."""
+def framed_pieces(opening: bytes, parts: Sequence[bytes], separator: bytes, closing: bytes) -> list[bytes]:
+    """opening + separator.join(parts) + closing as pieces, for one `b"".join` of a whole text: at a megabyte each
+    copy of a fresh buffer costs ~0.5-1 ms (its pages faulted in), and the checkpoint's encoder runs on the agent's
+    event loop."""
     if not parts:
-        return opening + closing
+        return [opening, closing]
     pieces = [separator] * (2 * len(parts) + 1)
     pieces[0], pieces[-1] = opening, closing
     pieces[1:-1:2] = parts
-    return b"".join(pieces)
+    return pieces
 
 
 def _string_list(values: Iterable[str] | None) -> str:
@@ -83,13 +89,6 @@ def _numa_keyed_map(devices: Mapping[int, list[str] | None] | None) -> str:
     if devices is None:
         return _NIL
     return "map[" + " ".join(f"{numa}:{_string_list(devices[numa])}" for numa in sorted(devices)) + "]"
-
-
-def _string_keyed_map(devices: Mapping[str, list[str] | None] | None) -> str:
-    if devices is None:
-        return _NIL
-    # Code-point order is UTF-8 byte order, which is how Go compares strings.
-    return "map[" + " ".join(f"{key}:{_string_list(devices[key])}" for key in sorted(devices)) + "]"
 
 
 def _bytes(data: bytes | None) -> str:

@@ -23,7 +23,7 @@ from deviceplane.core.checkpoint import (
     fnv1a_32,
     spew_text,
 )
-from deviceplane.core.spew import join_framed
+from deviceplane.core.spew import framed_pieces
 
 HEAD = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevicesEntry)"
 REGISTERED = " RegisteredDevices:(map[string][]string)"
@@ -417,13 +417,13 @@ def test_encoding_in_slices_writes_what_encode_writes_pausing_once_per_chunk(
     pool: list[PodDevicesEntry], picks: list[int], nil_registered: bool
 ) -> None:
     """20-100 entries (up to three chunks of texts; entries repeat, as objects and as copies): the bytes are
-    `encode`'s, a pause comes after each full chunk when the slice's time is spent, and the final steps (texts
-    gathered, checksum, file) are separated by three more."""
+    `encode`'s, a pause comes after each full chunk and each resource's RegisteredDevices texts made when the
+    slice's time is spent, and the final steps (texts gathered, checksum, file) are separated by three more."""
     chosen = [pool[i % len(pool)] if i % 2 else PodDevicesEntry(**vars(pool[i % len(pool)])) for i in picks]
     data = CheckpointData(chosen, None if nil_registered else {"example.com/r": ["b", "a"]})
     encoded, pauses = run_slices(CheckpointEncoder(), data, TickingClock())
     assert encoded == encode(data)
-    assert pauses == len(chosen) // 32 + 3
+    assert pauses == len(chosen) // 32 + (0 if nil_registered else 1) + 3
 
 
 def test_encoding_in_slices_does_not_pause_while_the_slice_lasts() -> None:
@@ -437,8 +437,9 @@ def test_encoding_in_slices_does_not_pause_while_the_slice_lasts() -> None:
 def test_encoder_keeps_registered_devices_texts_only_while_their_lists_are_the_same(
     steps: list[tuple[bool, list[str] | None]],
 ) -> None:
-    """RegisteredDevices' texts are kept while its lists are the very same objects (the registry shares a
-    resource's sorted list until its devices change): a new list, even an equal one, is written as it is."""
+    """A resource's RegisteredDevices texts are kept while its list is the very same object (the registry shares a
+    resource's sorted list until its devices change): a new list, even an equal one, is written as it is, and a
+    resource gone from the map is gone from the file."""
     encoder = CheckpointEncoder()
     lists: dict[str, list[str] | None] = {"example.com/a": ["a-1"], "example.com/b": None}
     for replace, new_list in steps:
@@ -452,8 +453,8 @@ def test_encoder_keeps_registered_devices_texts_only_while_their_lists_are_the_s
 
 
 @given(st.binary(max_size=8), st.lists(st.binary(max_size=8), max_size=6), st.binary(max_size=2), st.binary(max_size=8))
-def test_join_framed_is_the_plain_join(opening: bytes, parts: list[bytes], separator: bytes, closing: bytes) -> None:
-    assert join_framed(opening, parts, separator, closing) == opening + separator.join(parts) + closing
+def test_framed_pieces_join_as_the_plain_join(opening: bytes, parts: list[bytes], separator: bytes, end: bytes) -> None:
+    assert b"".join(framed_pieces(opening, parts, separator, end)) == opening + separator.join(parts) + end
 
 
 @given(st.binary(max_size=512))
