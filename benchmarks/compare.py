@@ -224,6 +224,51 @@ def start_sim(side: Side, resource: str, count: int, numa: int, *flags: str) -> 
         return subprocess.Popen(argv, stdout=out, stderr=out, env=child_env(), cwd=ROOT, start_new_session=True)
 
 
+def start_cell_sims(side: Side, filler: int) -> list[subprocess.Popen[bytes]]:
+    """The sims of the admission cells, registered with `side`: PLAIN (Allocate only), RPCS (with
+    GetPreferredAllocation and PreStart), both MEASURED_DEVICES on 2 NUMA nodes, and FILLER with `filler` + 16
+    devices. Stopped again if one does not register."""
+    plain = ("--no-preferred-allocation", "--no-pre-start")
+    wanted = ((PLAIN, MEASURED_DEVICES, 2, plain), (RPCS, MEASURED_DEVICES, 2, ()), (FILLER, filler + 16, 0, plain))
+    sims = [start_sim(side, resource, count, numa, *flags) for resource, count, numa, flags in wanted]
+    try:
+        for resource, count, _, _ in wanted:
+            wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{side.name}: {resource} registered")
+    except BaseException:
+        stop_procs(sims)
+        raise
+    return sims
+
+
+def warm_up(side: Side, concurrency: int) -> None:
+    """100 admissions and releases in each kind of cell that measures: connections, caches, the first checkpoints."""
+    for resource, workers in ((PLAIN, 1), (PLAIN, concurrency), (RPCS, concurrency)):
+        warm = f"warm-{resource.rpartition('/')[2]}-{workers}"
+        admit_many(side, warm, resource, 100, workers)
+        remove_many(side, warm, 100)
+
+
+def rounds_of_cells(side: Side, held: int, reps: int, pods: int, idle: float = 0.0) -> dict[int, list[list[float]]]:
+    """`reps` rounds of the four admission cells (Allocate only / all RPCs, sequential / 8 concurrent, `pods` each,
+    released after), each round followed by `idle` seconds without traffic, at 0 held and then with `held` FILLER
+    containers held (left held). The latencies of each 8-concurrent Allocate-only cell, by held level."""
+    cells: dict[int, list[list[float]]] = {}
+    for level in (0, held):
+        cells.setdefault(level, [])
+        if level:
+            admit_many(side, "fill", FILLER, level, 8)
+        for rep in range(reps):
+            for rpcs, resource in (("plain", PLAIN), ("rpcs", RPCS)):
+                for workers in (1, 8):
+                    prefix = f"m{level}-{rep}-{rpcs}-{workers}"
+                    cell = admit_many(side, prefix, resource, pods, workers)
+                    remove_many(side, prefix, pods)
+                    if rpcs == "plain" and workers == 8:
+                        cells[level].append(cell.latencies)
+            time.sleep(idle)
+    return cells
+
+
 def stop_procs(procs: list[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
         if proc.poll() is None:
@@ -420,21 +465,13 @@ def admission_phase(side: Side, args: argparse.Namespace, run: int) -> dict[str,
     sims: list[subprocess.Popen[bytes]] = []
     side.start()
     try:
-        plain = ("--no-preferred-allocation", "--no-pre-start")
-        sims.append(start_sim(side, PLAIN, MEASURED_DEVICES, 2, *plain))
-        sims.append(start_sim(side, RPCS, MEASURED_DEVICES, 2))
-        sims.append(start_sim(side, FILLER, args.filler + 16, 0, *plain))
-        for resource, count in ((PLAIN, MEASURED_DEVICES), (RPCS, MEASURED_DEVICES), (FILLER, args.filler + 16)):
-            wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{side.name}: {resource} registered")
+        sims += start_cell_sims(side, args.filler)
         by_client = allocate_round_trips(sim_socket(side, PLAIN), 200)
         results["floor_allocate_by_client"] = by_client
         results["floor_allocate"] = min(by_client.values())
         results["floor_fdatasync"] = statistics.median(fdatasyncs(side.work, 200))
         results["floor_sequence"] = statistics.median(floor_in_sequence(sim_socket(side, PLAIN), side.work, 200))
-        for resource, workers in ((PLAIN, 1), (PLAIN, args.concurrency), (RPCS, args.concurrency)):
-            warm = f"warm-{resource.rpartition('/')[2]}-{workers}"  # connections, caches, the first checkpoints
-            admit_many(side, warm, resource, 100, workers)
-            remove_many(side, warm, 100)
+        warm_up(side, args.concurrency)
         results["sustained"] = sustained(side, args.concurrency, args.sustained)
         held = 0  # containers holding devices now (filler pods + measured pods kept)
         for level in HELD_LEVELS:

@@ -19,7 +19,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,19 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.compare import (  # noqa: E402
-    FILLER,
-    MEASURED_DEVICES,
-    PLAIN,
-    RPCS,
     AgentSide,
-    admit_many,
     http_get,
     percentile,
-    remove_many,
-    start_sim,
+    rounds_of_cells,
+    start_cell_sims,
     stop_procs,
     sustained,
-    wait,
+    warm_up,
 )
 
 SETTINGS = {"CPython's collector": "0", "heap settles (default)": None}
@@ -86,37 +80,18 @@ def one_run(settle_interval: str | None, args: argparse.Namespace) -> dict[str, 
         sims = []
         side.start()
         try:
-            plain = ("--no-preferred-allocation", "--no-pre-start")
-            sims.append(start_sim(side, PLAIN, MEASURED_DEVICES, 2, *plain))
-            sims.append(start_sim(side, RPCS, MEASURED_DEVICES, 2))
-            sims.append(start_sim(side, FILLER, held + 16, 0, *plain))
-            for resource, count in ((PLAIN, MEASURED_DEVICES), (RPCS, MEASURED_DEVICES), (FILLER, held + 16)):
-                wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{resource} registered")
-            for resource, workers in ((PLAIN, 1), (PLAIN, 8), (RPCS, 8)):
-                warm = f"warm-{resource.rpartition('/')[2]}-{workers}"
-                admit_many(side, warm, resource, 100, workers)
-                remove_many(side, warm, 100)
+            sims += start_cell_sims(side, held)
+            warm_up(side, 8)
             before = side.pauses()  # the start's own settle (or collections) left out
             sustained(side, 8, args.sustained)
-            slow, cells, p99s = 0, 0, []
-            for level in (0, held):
-                if level:
-                    admit_many(side, "fill", FILLER, held, 8)
-                for rep in range(reps):
-                    for rpcs, resource in (("plain", PLAIN), ("rpcs", RPCS)):
-                        for workers in (1, 8):
-                            prefix = f"m{level}-{rep}-{rpcs}-{workers}"
-                            cell = admit_many(side, prefix, resource, pods, workers)
-                            remove_many(side, prefix, pods)
-                            if rpcs == "plain" and workers == 8:
-                                cells += 1
-                                slow += sum(1 for seconds in cell.latencies if seconds > SLOW_SECONDS)
-                                p99s.append(percentile(cell.latencies, 0.99))
-                    time.sleep(args.idle)  # pods come in bursts: the agent idles between them
+            # pods come in bursts: the agent idles between them
+            cells = [cell for level in rounds_of_cells(side, held, reps, pods, args.idle).values() for cell in level]
+            slow = sum(1 for cell in cells for seconds in cell if seconds > SLOW_SECONDS)
+            p99s = [percentile(cell, 0.99) for cell in cells]
             after = side.pauses()
             result = {
                 "slow": slow,
-                "admissions": cells * pods,
+                "admissions": len(cells) * pods,
                 "worst_p99": max(p99s),
                 "median_p99": statistics.median(p99s),
                 "rss": side.rss_mib(),

@@ -36,18 +36,14 @@ if len(sys.argv) > 4 and sys.argv[1] == "--hooked-agent":  # the agent's own sou
     sys.path.insert(0, sys.argv[4])
 
 from benchmarks.compare import (  # noqa: E402
-    FILLER,
-    MEASURED_DEVICES,
     PLAIN,
-    RPCS,
     AgentSide,
-    admit_many,
     percentile,
-    remove_many,
-    start_sim,
+    rounds_of_cells,
+    start_cell_sims,
     stop_procs,
     sustained,
-    wait,
+    warm_up,
 )
 
 SLOW_SECONDS = 0.010
@@ -140,35 +136,16 @@ class HookedAgentSide(AgentSide):
 
 
 def run(args: argparse.Namespace) -> None:
-    cells: dict[int, list[list[float]]] = {0: [], args.held: []}
     with tempfile.TemporaryDirectory(prefix="loop-stalls-") as tmp:
         side = HookedAgentSide(Path(tmp), args.threshold, args.agent_source)
         sims = []
         side.start()
         try:
-            plain = ("--no-preferred-allocation", "--no-pre-start")
-            sims.append(start_sim(side, PLAIN, MEASURED_DEVICES, 2, *plain))
-            sims.append(start_sim(side, RPCS, MEASURED_DEVICES, 2))
-            sims.append(start_sim(side, FILLER, args.held + 16, 0, *plain))
-            for resource, count in ((PLAIN, MEASURED_DEVICES), (RPCS, MEASURED_DEVICES), (FILLER, args.held + 16)):
-                wait(lambda r=resource, n=count: side.counts(r) == (n, n), 60, f"{resource} registered")
-            for resource, workers in ((PLAIN, 1), (PLAIN, 8), (RPCS, 8)):
-                warm = f"warm-{resource.rpartition('/')[2]}-{workers}"
-                admit_many(side, warm, resource, 100, workers)
-                remove_many(side, warm, 100)
+            sims += start_cell_sims(side, args.held)
+            warm_up(side, 8)
             traffic_started = time.perf_counter_ns()  # the same clock as the agent's (CLOCK_MONOTONIC)
             sustained(side, 8, args.sustained)
-            for level in cells:
-                if level:
-                    admit_many(side, "fill", FILLER, level, 8)
-                for rep in range(args.reps):
-                    for rpcs, resource in (("plain", PLAIN), ("rpcs", RPCS)):
-                        for workers in (1, 8):
-                            prefix = f"m{level}-{rep}-{rpcs}-{workers}"
-                            cell = admit_many(side, prefix, resource, args.pods, workers)
-                            remove_many(side, prefix, args.pods)
-                            if rpcs == "plain" and workers == 8:
-                                cells[level].append(cell.latencies)
+            cells = rounds_of_cells(side, args.held, args.reps, args.pods)
             traffic_ended = time.perf_counter_ns()
         finally:
             stop_procs(sims)

@@ -74,9 +74,9 @@ def _compiled_fnv1a_32() -> Callable[[bytes], int]:
 fnv1a_32 = _compiled_fnv1a_32()
 
 
-def checksum(data: CheckpointData, entry_spews: Sequence[str] | None = None) -> int:
-    """The kubelet's checksum: FNV-1a 32 of the go-spew text of the data (`entry_spews`: see `spew_text`)."""
-    return fnv1a_32(spew_text(data, entry_spews).encode())
+def checksum(data: CheckpointData) -> int:
+    """The kubelet's checksum: FNV-1a 32 of the go-spew text of the data."""
+    return fnv1a_32(spew_text(data).encode())
 
 
 # -- errors -----------------------------------------------------------------------------------------------------------
@@ -102,24 +102,13 @@ class CorruptCheckpointError(CheckpointError):
 # -- encoding: Go encoding/json output, byte for byte -----------------------------------------------------------------
 
 
-def encode(data: CheckpointData, entry_texts: Sequence[tuple[str, str]] | None = None) -> bytes:
-    """The file's bytes, as the kubelet's `json.Marshal` would write them, checksum included. `entry_texts`: each
-    entry's JSON and go-spew texts, in order, when the caller kept them (`CheckpointEncoder`); else made here.
+def encode(data: CheckpointData) -> bytes:
+    """The file's bytes, as the kubelet's `json.Marshal` would write them, checksum included (from scratch; a
+    `CheckpointEncoder` kept from one checkpoint to the next makes the same bytes, faster).
 
     Raises ValueError for what Go could not hold: a NUMA id outside int64 or a string that is not valid Unicode.
     """
-    entries = data.PodDeviceEntries
-    if entries is not None and entry_texts is None:
-        entry_texts = [(_entry_json(entry), spew_entry(entry)) for entry in entries]
-    texts = entry_texts or ()
-    devices = data.RegisteredDevices
-    registered = None
-    if devices is not None:
-        parts = [_registered_parts(name, devices[name]) for name in sorted(devices)]
-        registered = ([json_part for json_part, _ in parts], [spew_part for _, spew_part in parts])
-    json_chunks = [as_json.encode() for as_json, _ in texts]
-    spew_chunks = [as_spew.encode() for _, as_spew in texts]
-    return _finish(_encode_steps(entries is not None, json_chunks, spew_chunks, registered))
+    return CheckpointEncoder().encode(data)
 
 
 def _registered_parts(name: str, ids: list[str] | None) -> tuple[bytes, bytes]:

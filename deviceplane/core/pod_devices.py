@@ -89,7 +89,8 @@ class PodDevices:
         # pod -> container -> resource -> allocation, insertion-ordered (admission order)
         self._pods: dict[str, dict[str, dict[str, Allocation]]] = {}
         # (pod, container, resource) -> checkpoint entry, in the order each was first made: `entries` is one copy of
-        # it (the background checkpoint takes it on the event loop, so walking `_pods` there cost milliseconds).
+        # it (the background checkpoint takes it on the event loop, where walking `_pods` and filtering the entries
+        # was part of a 5-7 ms snapshot at 5,000 entries).
         self._entries: dict[tuple[str, str, str], PodDevicesEntry] = {}
         # resource -> device -> number of entries holding it
         self._refs: dict[str, dict[str, int]] = {}

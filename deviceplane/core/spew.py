@@ -31,14 +31,10 @@ _OPENING = "(checkpoint.checkpointData){PodDeviceEntries:([]checkpoint.PodDevice
 _MIDDLE = " RegisteredDevices:(map[string][]string)"
 
 
-def spew_text(data: CheckpointData, entry_texts: Sequence[str] | None = None) -> str:
-    """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`; `entry_texts`: the entries' parts, in
-    order, when the caller kept them (else made here by `spew_entry`)."""
+def spew_text(data: CheckpointData) -> str:
+    """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`."""
     entries = data.PodDeviceEntries
-    if entries is None:
-        listed = _NIL
-    else:
-        listed = "[" + " ".join(entry_texts if entry_texts is not None else map(spew_entry, entries)) + "]"
+    listed = _NIL if entries is None else "[" + " ".join(map(spew_entry, entries)) + "]"
     return _OPENING + listed + _MIDDLE + spew_registered(data.RegisteredDevices) + "}"
 
 
