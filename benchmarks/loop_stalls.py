@@ -58,6 +58,7 @@ def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
     import gc
 
     from deviceplane.agent.admission.admitter import Admitter
+    from deviceplane.agent.state.checkpoint_store import CheckpointStore
     from deviceplane.cli import main
 
     clock, cpu = time.perf_counter_ns, time.thread_time_ns
@@ -87,6 +88,17 @@ def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
             if wall > SLOW_SECONDS * 1e9:
                 admissions.append((started, wall, sorted({r for c in record.pod.all_containers for r, _ in c.limits})))
 
+    file_writes: list[tuple[int, int]] = []  # the checkpoint file's write and fsyncs (worker thread): start, wall
+
+    write_encoded = CheckpointStore.write_encoded
+
+    def timed_write(self: CheckpointStore, blob: bytes) -> None:
+        started = clock()
+        try:
+            write_encoded(self, blob)
+        finally:
+            file_writes.append((started, clock() - started))
+
     collection_started = [0]
 
     def timed_collection(phase: str, info: dict[str, int]) -> None:
@@ -101,12 +113,18 @@ def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
     gc.callbacks.append(timed_collection)
     asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
     Admitter._admit = timed_admit  # type: ignore[method-assign]
+    CheckpointStore.write_encoded = timed_write  # type: ignore[method-assign]
     try:
         return main(argv)
     finally:
         import deviceplane
 
-        marks = {"callbacks": callbacks, "admissions": admissions, "agent": str(Path(deviceplane.__file__).parents[1])}
+        marks = {
+            "callbacks": callbacks,
+            "admissions": admissions,
+            "file_writes": file_writes,
+            "agent": str(Path(deviceplane.__file__).parents[1]),
+        }
         Path(out).write_text(json.dumps(marks))
 
 
@@ -154,13 +172,15 @@ def run(args: argparse.Namespace) -> None:
     during = [mark for mark in marks["callbacks"] if traffic_started <= mark[0] <= traffic_ended]
     slow = [(started, wall) for started, wall, resources in marks["admissions"] if resources == [PLAIN]]
     print(f"agent: {marks['agent']}")
-    report(cells, during, slow, args.threshold)
+    writes = [(started, wall) for started, wall in marks["file_writes"] if traffic_started <= started <= traffic_ended]
+    report(cells, during, slow, writes, args.threshold)
 
 
 def report(
     cells: dict[int, list[list[float]]],
     callbacks: list[tuple[int, int, int, str]],
     admissions: list[tuple[int, int]],
+    file_writes: list[tuple[int, int]],
     threshold: float,
 ) -> None:
     for level, latencies in cells.items():
@@ -172,15 +192,26 @@ def report(
             f"their p99 median {statistics.median(p99s):.2f} ms, worst {max(p99s):.2f} ms"
         )
     print(f"Allocate-only admissions over 10 ms inside the agent, sequential and concurrent: {len(admissions)}")
+    if file_writes:
+        walls = sorted(wall / 1e6 for _, wall in file_writes)
+        print(
+            f"checkpoint file writes (write + fsyncs, worker thread): {len(walls)}, "
+            f"median {statistics.median(walls):.1f} ms, longest {walls[-1]:.1f} ms"
+        )
     print(f"loop callbacks of {threshold * 1e3:g} ms or more during the traffic, by what ran:")
     by_kind: dict[str, list[tuple[int, int, int]]] = {}
     for started, wall, cpu, kind in callbacks:
         by_kind.setdefault(kind, []).append((started, wall, cpu))
-    print(f"  {'count':>6} {'longest ms':>10} {'its CPU':>8} {'of those admissions overlapped':>30}  what ran")
+    print(
+        f"  {'count':>6} {'longest ms':>10} {'its CPU':>8} {'of those admissions overlapped':>30} "
+        f"{'during a file write':>19}  what ran"
+    )
     for kind, runs in sorted(by_kind.items(), key=lambda item: -len(item[1])):
         longest = max(runs, key=lambda run: run[1])
         overlapped = sum(1 for admission in admissions if any(overlap(admission, run) for run in runs))
-        print(f"  {len(runs):>6} {longest[1] / 1e6:>10.1f} {longest[2] / 1e6:>8.1f} {overlapped:>30}  {kind}")
+        writing = sum(1 for run in runs if any(overlap(write, run) for write in file_writes))
+        walls = f"{len(runs):>6} {longest[1] / 1e6:>10.1f} {longest[2] / 1e6:>8.1f}"
+        print(f"  {walls} {overlapped:>30} {writing:>19}  {kind}")
 
 
 def overlap(admission: tuple[int, int], run: tuple[int, int, int]) -> bool:

@@ -61,6 +61,16 @@ class FreeDevices:
         """Built from this snapshot and this health set (the registry replaces both objects on every change)."""
         return self._order is order and self._healthy is healthy
 
+    def orders_by(self, order: NaturalOrder) -> bool:
+        return self._order is order
+
+    def rebase(self, healthy: Set[str]) -> Set[str]:
+        """Take a new health set of the same snapshot order; returns the devices whose health changed, for the
+        caller to `update`."""
+        changed = self._healthy ^ healthy
+        self._healthy = healthy
+        return changed
+
     def __len__(self) -> int:
         return len(self._free)
 

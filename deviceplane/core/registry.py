@@ -1,17 +1,21 @@
 """Devices, health and plugin endpoints per resource: the kubelet device manager's bookkeeping, pure.
 
 Mirrors spec §4.3.2-4.5 (per-socket endpoints, exact-"Healthy" rule, disconnect marks a resource unhealthy, grace
-period before deletion) with two deliberate improvements over the kubelet:
+period before deletion) with deliberate improvements over the kubelet:
 
 - Only the *primary* endpoint of a resource (the newest connected one) feeds its device view; every endpoint's last
   snapshot is kept, so when the primary disconnects the promoted survivor's own devices take over at once. Upstream
   lets any stream overwrite the view (a stale plugin can clobber a newer one's devices) and keeps the dead primary's
   health until the survivor happens to send an update.
 - Health transitions are counted per device, for metrics.
+- A snapshot identical to the one shown changes nothing (upstream rebuilds its sets and rewrites its checkpoint for
+  every message): the objects keep their identity, so what others derived from them stays valid.
 """
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -74,6 +78,9 @@ class AlreadyConnectedError(Exception):
         super().__init__(f"device plugin already connected for resource {resource} at socket {socket_path}")
 
 
+_device_id = operator.attrgetter("id")
+
+
 @dataclass(slots=True)
 class ResourceState:
     name: str
@@ -86,30 +93,60 @@ class ResourceState:
     unhealthy: set[str] = field(default_factory=set)
     # `healthy` sorted, with the set it was made from: every change replaces the set, so identity says it is current.
     _sorted_healthy: tuple[set[str], list[str]] | None = field(default=None, repr=False, compare=False)
+    # The snapshot the sets were made from, None when they are not a snapshot's (before the first, after
+    # mark_unhealthy).
+    _shown: tuple[Device, ...] | None = field(default=None, repr=False, compare=False)
 
     def sorted_healthy(self) -> list[str]:
         """The healthy IDs in order, sorted once per change (every checkpoint asks; 0.7 ms for 5,016 IDs, measured
         in isolation). Shared: callers must not modify it."""
-        if self._sorted_healthy is None or self._sorted_healthy[0] is not self.healthy:
-            self._sorted_healthy = (self.healthy, sorted(self.healthy))
-        return self._sorted_healthy[1]
+        kept = self._sorted_healthy
+        if kept is None or kept[0] is not self.healthy:
+            kept = self._sorted_healthy = (self.healthy, _resorted(kept, self.healthy))
+        return kept[1]
 
-    def show(self, devices: Iterable[Device]) -> None:
-        self.all_devices = {}
-        self.healthy = set()
-        self.unhealthy = set()
-        for device in devices:
-            self.all_devices[device.id] = device
-            (self.healthy if device.is_healthy else self.unhealthy).add(device.id)
+    def show(self, devices: tuple[Device, ...]) -> bool:
+        """Show a snapshot. An identical one (plugins resend their whole list, often unchanged) changes nothing and
+        returns False: the mapping and the sets keep their identity, so what callers derived from them stays valid
+        (device order, free-device index, the checkpoint's texts: ~10 ms to rebuild at 10,000 devices)."""
+        if devices == self._shown:
+            return False
+        # Upstream's loop as C-speed passes (~1 ms less at 10,000 devices), the same sets even for an ID sent twice.
+        self.all_devices = dict(zip(map(_device_id, devices), devices, strict=True))
+        self.healthy = {device_id for device_id, health, _ in devices if health == HEALTHY}
+        self.unhealthy = {device_id for device_id, health, _ in devices if health != HEALTHY}
+        self._shown = devices
+        return True
 
     def mark_unhealthy(self) -> None:
         """Spec §4.4 markResourceUnhealthy: healthy moves to unhealthy, the reported devices stay as they were."""
         self.unhealthy |= self.healthy
         self.healthy = set()
+        self._shown = None  # no longer what any snapshot says
 
     @property
     def connected(self) -> bool:
         return bool(self.endpoints)
+
+
+# A health change of up to this many devices updates the previous sorted list (a copy and a bisection each) rather
+# than sorting every ID again: a device or a few flipping is the common change, and at 10,000 devices the sort takes
+# ~1.7 ms of the loop against ~0.3 ms.
+_RESORT_AFTER = 64
+
+
+def _resorted(kept: tuple[set[str], list[str]] | None, healthy: set[str]) -> list[str]:
+    if kept is not None:
+        changed = kept[0] ^ healthy
+        if len(changed) <= _RESORT_AFTER:
+            ids = kept[1].copy()
+            for device_id in changed:
+                if device_id in healthy:
+                    bisect.insort(ids, device_id)
+                else:
+                    del ids[bisect.bisect_left(ids, device_id)]
+            return ids
+    return sorted(healthy)
 
 
 class ResourceStatus(Protocol):
@@ -140,6 +177,7 @@ class SnapshotResult:
 
     applied: bool  # False when it came from a non-primary endpoint (kept, not shown)
     transitions: tuple[str, ...] = ()  # IDs whose health flipped (counted for metrics)
+    changed: bool = True  # False for a message identical to what was shown (nothing was replaced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,11 +257,12 @@ class DeviceRegistry:
         if state.primary is not endpoint:
             return SnapshotResult(applied=False)
         previous = state.all_devices
-        state.show(endpoint.devices)
+        if not state.show(endpoint.devices):
+            return SnapshotResult(applied=True, changed=False)
         transitions = tuple(
-            device.id
-            for device in endpoint.devices
-            if (before := previous.get(device.id)) is not None and before.health != device.health
+            device_id
+            for device_id, health, _ in endpoint.devices
+            if (before := previous.get(device_id)) is not None and before.health != health
         )
         return SnapshotResult(applied=True, transitions=transitions)
 

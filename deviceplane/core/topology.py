@@ -7,6 +7,7 @@ Only the device manager provides hints here (there is no CPU or memory manager),
 from __future__ import annotations
 
 import itertools
+import operator
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,9 +62,12 @@ def _narrower(a: int, b: int) -> bool:
     return _count(a) < _count(b) or (_count(a) == _count(b) and a < b)
 
 
+_numa_nodes = operator.attrgetter("numa_nodes")
+
+
 def has_topology(devices: Mapping[str, Device]) -> bool:
     """Upstream deviceHasTopologyAlignment: whether any device of the resource reports NUMA nodes."""
-    return any(device.numa_nodes for device in devices.values())
+    return any(map(_numa_nodes, devices.values()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from deviceplane.core.checkpoint import decode
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
 
 R = "example.com/res"
@@ -121,6 +122,39 @@ def test_listandwatch_updates_are_full_snapshots(
     )
     assert agent.metric("deviceplane_device_health_transitions_total", device_id="ADeviceId") == 1.0
     assert agent.metric("deviceplane_device_health_transitions_total", device_id="AThirdDeviceId") == 1.0
+
+
+def test_identical_snapshots_are_counted_and_write_no_checkpoint(
+    agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """A plugin resending its unchanged list: the agent counts each message but rebuilds and rewrites nothing (the
+    kubelet writes its checkpoint again for every one); the next real change is written as usual."""
+    shown = [["a", "Healthy"], ["b", "Unhealthy"]]
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", shown)
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (2, 1), what="initial snapshot")
+    checkpoint = agent.plugin_dir / "kubelet_internal_checkpoint"
+
+    def registered() -> dict[str, list[str]] | None:
+        return decode(checkpoint.read_bytes()).RegisteredDevices if checkpoint.exists() else None
+
+    wait_for(lambda: registered() == {R: ["a"]}, what="the first snapshot written")
+    written = checkpoint.stat()
+
+    def snapshots(changed: str) -> float:
+        return agent.metric("deviceplane_device_plugin_snapshots_total", resource_name=R, changed=changed) or 0.0
+
+    changed_before = snapshots("true")
+    for _ in range(3):
+        plugin.devices(shown)
+    wait_for(lambda: snapshots("false") == 3.0, what="three identical snapshots applied")
+    after = checkpoint.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (written.st_ino, written.st_mtime_ns), "checkpoint rewritten"
+    assert snapshots("true") == changed_before
+    plugin.devices([["a", "Healthy"], ["b", "Healthy"]])
+    wait_for(lambda: agent.counts(R) == (2, 2), what="the changed snapshot")
+    wait_for(lambda: registered() == {R: ["a", "b"]}, what="the change written to the checkpoint")
+    assert snapshots("true") == changed_before + 1 and snapshots("false") == 3.0
 
 
 def test_disconnect_then_grace_period_deletes(

@@ -30,6 +30,7 @@ from tests.support.procs import ROOT, child_env
             "heap settles (default): ",
         ),
         ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "the same in slices of 0.5 ms, as the agent"),
+        ("snapshot_churn.py", ["--rounds", "2"], "10,000  5,000  one flips"),
         (
             "loop_stalls.py",
             ["--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40", "--threshold", "0"],

@@ -267,3 +267,24 @@ def test_pod_devices_refcounts_shared_init_devices() -> None:
     assert pds.holders(R1, "a") == {("p", "init"), ("p", "app")}
     pds.remove_pod("p")
     assert pds.allocated(R1) == set() and len(pds) == 0
+
+
+def test_device_choice_follows_health_changes_and_new_ids_after_the_first_admission() -> None:
+    """The allocator keeps a resource's device order while a snapshot keeps its IDs (a health change) and updates its
+    free-device index in place; a snapshot with other IDs, even as many, gets a new order."""
+    alloc = allocator_with({R1: [("dev-1", "Healthy"), ("dev-2", "Healthy"), ("dev-10", "Healthy")]})
+    sock = "/tmp/domain1.com_resource1.sock"
+
+    def chosen(uid: str) -> frozenset[str] | None:
+        drive(alloc, pod(uid, ctr("c", {R1: 1})))
+        return alloc.held(uid, "c", R1)
+
+    assert chosen("first") == {"dev-1"}
+    alloc.registry.apply_snapshot(R1, sock, [Device("dev-1", "Healthy"), Device("dev-2", "Unhealthy"),
+                                             Device("dev-10", "Healthy")])  # fmt: skip
+    assert chosen("skips-unhealthy") == {"dev-10"}
+    alloc.release_pod("first")
+    alloc.registry.apply_snapshot(R1, sock, [Device(d, "Healthy") for d in ("dev-1", "dev-2", "dev-10")])
+    assert chosen("healthy-again") == {"dev-1"} and chosen("next") == {"dev-2"}
+    alloc.registry.apply_snapshot(R1, sock, [Device(d, "Healthy") for d in ("gpu-3", "gpu-1", "gpu-2")])
+    assert chosen("new-ids") == {"gpu-1"} and chosen("new-ids-2") == {"gpu-2"}

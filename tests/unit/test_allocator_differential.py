@@ -84,7 +84,10 @@ class Differential(RuleBasedStateMachine):
             self.connect(resource, SOCKETS[0], offers)
             self.snapshot(resource, SOCKETS[0], shown)
 
-    @rule(data=st.data(), event=st.sampled_from(("connect", "snapshot", "disconnect", "expire", "insert", "remove")))
+    @rule(
+        data=st.data(),
+        event=st.sampled_from(("connect", "snapshot", "resend", "disconnect", "expire", "insert", "remove")),
+    )
     def disturb(self, data: st.DataObject, event: str) -> None:
         """One rule for everything that changes the state under the allocator's index, so that sequences also
         run long stretches of admissions on one index (its incremental updates) between them."""
@@ -95,6 +98,8 @@ class Differential(RuleBasedStateMachine):
             self.connect(resource, socket, data.draw(st.booleans(), "offers preferred"))
         elif event == "snapshot":
             self.snapshot(resource, socket, data.draw(st.one_of(devices, st.integers(0, 300)), "devices"))
+        elif event == "resend":
+            self.resend(resource, socket, data.draw(st.sets(st.integers(0, 300), max_size=4), "flipped"))
         elif event == "disconnect":
             self.disconnect(resource, socket)
         elif event == "expire":
@@ -118,6 +123,19 @@ class Differential(RuleBasedStateMachine):
     def snapshot(self, resource: str, socket: str, shown: list[Device] | int) -> None:
         if isinstance(shown, int):  # a bigger plugin: dev-0..dev-N, every 7th unhealthy
             shown = [Device(f"dev-{i}", "Unhealthy" if i % 7 == 3 else "Healthy") for i in range(shown)]
+        self.both(lambda w: w.registry.apply_snapshot(resource, socket, shown))
+
+    def resend(self, resource: str, socket: str, flipped: set[int]) -> None:
+        """The plugin's list again, the same IDs in the same order, with the health of the devices at `flipped`
+        positions changed (none: an identical resend), as plugins send on a health change: the new allocator keeps
+        its device order and updates its index in place then."""
+        endpoint = self.new.registry.primary_endpoint(resource)
+        if endpoint is None:
+            return
+        shown = [
+            Device(d.id, ("Unhealthy" if d.is_healthy else "Healthy") if i in flipped else d.health, d.numa_nodes)
+            for i, d in enumerate(endpoint.devices)
+        ]
         self.both(lambda w: w.registry.apply_snapshot(resource, socket, shown))
 
     def disconnect(self, resource: str, socket: str) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from deviceplane.core.registry import AlreadyConnectedError, Capacity, Device, DeviceRegistry, PluginOptions
 
@@ -236,3 +238,54 @@ def test_registered_healthy_lists_are_shared_until_the_devices_change() -> None:
     assert changed == ["b", "c"] and first == ["a", "b"]
     reg.plugin_disconnected("r/x", "/s", 1.0)  # the last endpoint gone: every device unhealthy
     assert reg.registered_healthy() == {"r/x": []}
+
+
+def test_an_identical_resend_changes_nothing() -> None:
+    """Plugins resend their whole list, often unchanged: the registry keeps its mapping and sets (what the allocator
+    and the checkpoint derived from them stays valid) and says nothing changed, so no checkpoint is written."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    assert reg.apply_snapshot("r/x", "/s", devs("a:H", "b:U")).changed
+    shown, healthy = reg.devices("r/x"), reg.healthy("r/x")
+    again = reg.apply_snapshot("r/x", "/s", devs("a:H", "b:U"))
+    assert again.applied and not again.changed and again.transitions == ()
+    assert reg.devices("r/x") is shown and reg.healthy("r/x") is healthy
+    for different in (
+        devs("b:U", "a:H"),
+        devs("a:H", "b:H"),
+        devs("a:H"),
+        [Device("a", "Healthy", (0,)), *devs("b:U")],
+    ):
+        result = reg.apply_snapshot("r/x", "/s", different)
+        assert result.changed and reg.devices("r/x") is not shown, different
+        shown = reg.devices("r/x")
+
+
+def test_a_resend_after_the_resource_was_marked_unhealthy_shows_its_devices_again() -> None:
+    """The last plugin gone, every device is unhealthy; the next plugin's first list, identical to the old one's,
+    must still make them healthy (the sets no longer match any snapshot)."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H"))
+    reg.plugin_disconnected("r/x", "/s", 1.0)
+    assert counts(reg, "r/x", 1.0) == (2, 0)
+    reg.plugin_connected("r/x", "/s", OPTS, 2.0)
+    assert reg.apply_snapshot("r/x", "/s", devs("a:H", "b:H")).changed
+    assert counts(reg, "r/x", 2.0) == (2, 2)
+
+
+@given(st.lists(st.sets(st.integers(0, 150)), min_size=1, max_size=12), st.integers(0, 150))
+def test_registered_healthy_stays_sorted_through_any_health_changes(healths: list[set[int]], size: int) -> None:
+    """A few devices flipping update the previous sorted list in place of a new sort; many re-sort: either way the
+    list is the healthy IDs in order, and a list handed out earlier is never changed."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    ids = [f"d{i}" for i in range(size)]
+    handed_out: list[tuple[list[str], list[str]]] = []
+    for healthy in healths:
+        shown = [Device(d, "Healthy" if i in healthy else "Unhealthy") for i, d in enumerate(ids)]
+        reg.apply_snapshot("r/x", "/s", shown)
+        listed = reg.registered_healthy()["r/x"]
+        assert listed == sorted(d for i, d in enumerate(ids) if i in healthy)
+        handed_out.append((listed, list(listed)))
+    assert all(listed == copy for listed, copy in handed_out)

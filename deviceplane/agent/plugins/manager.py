@@ -131,8 +131,9 @@ class DeviceManager:
             return  # a replaced connection's late message
         result: SnapshotResult = self._registry.apply_snapshot(resource, socket_path, devices)
         if result.applied:
-            self._checkpoint.request()
-            self._notify(DeviceEvent(resource, DeviceEventKind.SNAPSHOT, result.transitions))
+            if result.changed:  # an identical resend would write the same bytes (upstream writes them again)
+                self._checkpoint.request()
+            self._notify(DeviceEvent(resource, DeviceEventKind.SNAPSHOT, result.transitions, result.changed))
 
     async def _on_stream_end(self, resource: str, socket_path: str, client: PluginConnection, reason: str) -> None:
         # Only the connection that is still current may disconnect: a stale stream ending never touches a newer

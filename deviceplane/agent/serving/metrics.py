@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.plugins.contracts import DeviceEvent, DeviceEventKind
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.durations import BucketedDurations
@@ -91,6 +91,13 @@ class AgentMetrics:
             ["node", "resource_name", "device_id"],
             registry=self.prometheus,
         )
+        self.snapshots_total = Counter(
+            "deviceplane_device_plugin_snapshots",
+            'ListAndWatch messages applied to a resource\'s devices; changed="false" for one identical to the list '
+            "already shown (nothing is rewritten).",
+            ["node", "resource_name", "changed"],
+            registry=self.prometheus,
+        )
         self.prometheus.register(DeviceStateCollector(registry, node, allocated))
         self._admissions: dict[tuple[str, ...], BucketedDurations] = {
             (result,): BucketedDurations(ADMISSION_BUCKETS) for result in ADMISSION_RESULTS
@@ -129,5 +136,7 @@ class AgentMetrics:
         child.inc()
 
     def on_device_event(self, event: DeviceEvent) -> None:
+        if event.kind is DeviceEventKind.SNAPSHOT:
+            self.snapshots_total.labels(self.node, event.resource, "true" if event.changed else "false").inc()
         for device_id in event.transitions:
             self.health_transitions.labels(self.node, event.resource, device_id).inc()
