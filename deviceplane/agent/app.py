@@ -182,7 +182,9 @@ class Agent:
             listeners.append(self.proxy.on_device_event)
         if self.cluster is not None:
             listeners += self.cluster.device_listeners()
-        self.manager = DeviceManager(self.registry, checkpoint, connector, listeners, config.dial_timeout)
+        self.manager = DeviceManager(
+            self.registry, checkpoint, connector, listeners, config.dial_timeout, self.metrics.count_snapshot
+        )
         registration = RegistrationServicer(self.manager, config.plugin_dir, self.metrics.count_registration)
         self.registration = RegistrationServer(registration, config.plugin_dir)
         self._watcher_ready = asyncio.Event()

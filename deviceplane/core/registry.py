@@ -176,8 +176,8 @@ class SnapshotResult:
     """What one ListAndWatch message changed."""
 
     applied: bool  # False when it came from a non-primary endpoint (kept, not shown)
+    changed: bool = False  # it replaced what is shown (False when not applied, or identical to what was shown)
     transitions: tuple[str, ...] = ()  # IDs whose health flipped (counted for metrics)
-    changed: bool = True  # False for a message identical to what was shown (nothing was replaced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,13 +258,13 @@ class DeviceRegistry:
             return SnapshotResult(applied=False)
         previous = state.all_devices
         if not state.show(endpoint.devices):
-            return SnapshotResult(applied=True, changed=False)
+            return SnapshotResult(applied=True)
         transitions = tuple(
             device_id
             for device_id, health, _ in endpoint.devices
             if (before := previous.get(device_id)) is not None and before.health != health
         )
-        return SnapshotResult(applied=True, transitions=transitions)
+        return SnapshotResult(applied=True, changed=True, transitions=transitions)
 
     def restore(self, resources: Iterable[str], now: float) -> None:
         """Checkpointed resources come back with a stopped placeholder endpoint and no devices: 0/0 until their

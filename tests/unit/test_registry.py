@@ -259,6 +259,9 @@ def test_an_identical_resend_changes_nothing() -> None:
         result = reg.apply_snapshot("r/x", "/s", different)
         assert result.changed and reg.devices("r/x") is not shown, different
         shown = reg.devices("r/x")
+    reg.plugin_connected("r/x", "/newer", OPTS, 1)  # the primary now; until its first list, /s's stays shown
+    ignored = reg.apply_snapshot("r/x", "/s", devs("z:H"))
+    assert not ignored.applied and not ignored.changed and reg.devices("r/x") is shown
 
 
 def test_a_resend_after_the_resource_was_marked_unhealthy_shows_its_devices_again() -> None:

@@ -41,7 +41,6 @@ class DeviceEvent:
     resource: str
     kind: DeviceEventKind
     transitions: tuple[str, ...] = ()  # IDs whose health flipped
-    changed: bool = True  # False for a snapshot identical to the list already shown
 
 
 DeviceListener = Callable[[DeviceEvent], None]

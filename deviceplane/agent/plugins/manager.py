@@ -39,6 +39,7 @@ class DeviceManager:
         connector: PluginConnector,
         listeners: Sequence[DeviceListener] = (),
         dial_timeout: float = DIAL_TIMEOUT_SECONDS,
+        count_snapshot: Callable[[str, bool], None] = lambda _resource, _changed: None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
@@ -47,6 +48,7 @@ class DeviceManager:
         self._connector = connector
         self._listeners = tuple(listeners)
         self._dial_timeout = dial_timeout
+        self._count_snapshot = count_snapshot  # every applied ListAndWatch message: (resource, changed anything)
         self._clock = clock  # grace periods and ordering
         self._wall_clock = wall_clock  # registration times as shown
         self._clients: dict[ClientKey, PluginConnection] = {}
@@ -131,9 +133,10 @@ class DeviceManager:
             return  # a replaced connection's late message
         result: SnapshotResult = self._registry.apply_snapshot(resource, socket_path, devices)
         if result.applied:
-            if result.changed:  # an identical resend would write the same bytes (upstream writes them again)
-                self._checkpoint.request()
-            self._notify(DeviceEvent(resource, DeviceEventKind.SNAPSHOT, result.transitions, result.changed))
+            self._count_snapshot(resource, result.changed)
+        if result.changed:  # an identical resend is nobody's news (upstream rewrites its checkpoint for it)
+            self._checkpoint.request()
+            self._notify(DeviceEvent(resource, DeviceEventKind.SNAPSHOT, result.transitions))
 
     async def _on_stream_end(self, resource: str, socket_path: str, client: PluginConnection, reason: str) -> None:
         # Only the connection that is still current may disconnect: a stale stream ending never touches a newer

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from deviceplane.agent.plugins.contracts import DeviceEvent, DeviceEventKind
+from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.durations import BucketedDurations
@@ -135,8 +135,9 @@ class AgentMetrics:
             child = self._allocation_counts[resource, result] = self.allocations_total.labels(resource, result.value)
         child.inc()
 
+    def count_snapshot(self, resource: str, changed: bool) -> None:
+        self.snapshots_total.labels(self.node, resource, "true" if changed else "false").inc()
+
     def on_device_event(self, event: DeviceEvent) -> None:
-        if event.kind is DeviceEventKind.SNAPSHOT:
-            self.snapshots_total.labels(self.node, event.resource, "true" if event.changed else "false").inc()
         for device_id in event.transitions:
             self.health_transitions.labels(self.node, event.resource, device_id).inc()
