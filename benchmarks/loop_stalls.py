@@ -10,10 +10,11 @@ has no such hooks; the wrapper costs ~1 us per callback). Traffic: compare.py's 
 `--reps` rounds of the four cells (Allocate only / all RPCs, sequential / 8 concurrent, `--pods` each) without a pause,
 at 0 held and with 5,000 held.
 
-Printed: per held level, the admissions over 10 ms in the 8-concurrent Allocate-only cells (as the client timed them)
-and those cells' p99s; then the long callbacks by what ran (a task's coroutine, or the callback's name): how many,
-the longest wall and CPU time, and how many of the Allocate-only admissions over 10 ms (timed inside the agent) each
-overlapped.
+Printed: the sustained batches' rate; per held level, the admissions over 10 ms in the 8-concurrent Allocate-only
+cells (as the client timed them) and those cells' p99s; the checkpoint file's writes (write and fsyncs, in their
+worker thread); then the long callbacks by what ran (a task's coroutine, or the callback's name): how many, the
+longest wall and CPU time, how many of the Allocate-only admissions over 10 ms (timed inside the agent) each
+overlapped, and how many ran while the checkpoint file was being written.
 
     python benchmarks/loop_stalls.py [--reps 6] [--pods 200] [--held 5000] [--sustained 1000] [--threshold 0.001]
                                      [--agent-source DIR]
@@ -162,7 +163,7 @@ def run(args: argparse.Namespace) -> None:
             sims += start_cell_sims(side, args.held)
             warm_up(side, 8)
             traffic_started = time.perf_counter_ns()  # the same clock as the agent's (CLOCK_MONOTONIC)
-            sustained(side, 8, args.sustained)
+            rate = sustained(side, 8, args.sustained)
             cells = rounds_of_cells(side, args.held, args.reps, args.pods)
             traffic_ended = time.perf_counter_ns()
         finally:
@@ -172,6 +173,7 @@ def run(args: argparse.Namespace) -> None:
     during = [mark for mark in marks["callbacks"] if traffic_started <= mark[0] <= traffic_ended]
     slow = [(started, wall) for started, wall, resources in marks["admissions"] if resources == [PLAIN]]
     print(f"agent: {marks['agent']}")
+    print(f"sustained 8-concurrent rate at 0 held: {rate:,.0f} admissions/s")
     writes = [(started, wall) for started, wall in marks["file_writes"] if traffic_started <= started <= traffic_ended]
     report(cells, during, slow, writes, args.threshold)
 
