@@ -243,7 +243,7 @@ class Allocator:
         if cached is None or cached.devices is not devices:
             ids = tuple(devices)
             # A health change keeps the IDs, and the order: with the index, rebuilding it made the next admission
-            # ~5.5 ms longer at 10,000 devices (benchmarks/README.md, snapshot_churn.py).
+            # 5.7-6 ms longer at 10,000 devices (benchmarks/snapshot_churn.py).
             order = cached.order if cached is not None and cached.ids == ids else NaturalOrder(ids)
             cached = _Snapshot(devices, ids, order, has_topology(devices))
             self._snapshots[resource] = cached

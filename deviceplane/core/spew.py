@@ -32,10 +32,11 @@ _MIDDLE = " RegisteredDevices:(map[string][]string)"
 
 
 def spew_text(data: CheckpointData) -> str:
-    """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`."""
-    entries = data.PodDeviceEntries
-    listed = _NIL if entries is None else "[" + " ".join(map(spew_entry, entries)) + "]"
-    return _OPENING + listed + _MIDDLE + spew_registered(data.RegisteredDevices) + "}"
+    """go-spew `%#v` of upstream `checkpoint.checkpointData` holding `data`: `spew_pieces` joined, as the encoder."""
+    entries, devices = data.PodDeviceEntries, data.RegisteredDevices
+    entry_parts = None if entries is None else [spew_entry(entry).encode() for entry in entries]
+    registered = None if devices is None else [spew_registered_item(k, devices[k]).encode() for k in sorted(devices)]
+    return b"".join(spew_pieces(entry_parts, registered)).decode()
 
 
 def spew_pieces(entry_chunks: Sequence[bytes] | None, registered_items: Sequence[bytes] | None) -> list[bytes]:
@@ -50,16 +51,9 @@ def spew_pieces(entry_chunks: Sequence[bytes] | None, registered_items: Sequence
     return pieces
 
 
-def spew_registered(devices: Mapping[str, list[str] | None] | None) -> str:
-    """The RegisteredDevices part of `spew_text`."""
-    if devices is None:
-        return _NIL
-    # Code-point order is UTF-8 byte order, which is how Go compares strings.
-    return "map[" + " ".join(spew_registered_item(key, devices[key]) for key in sorted(devices)) + "]"
-
-
 def spew_registered_item(resource: str, ids: list[str] | None) -> str:
-    """One resource's part of `spew_registered`."""
+    """One resource's part of RegisteredDevices' text; the parts go in the order of the names (code-point order is
+    UTF-8 byte order, which is how Go compares strings)."""
     return f"{resource}:{_string_list(ids)}"
 
 
