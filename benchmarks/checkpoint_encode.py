@@ -1,6 +1,8 @@
 """The background checkpoint's cost: encoding `kubelet_internal_checkpoint` (Go JSON of every entry and the go-spew
 text its checksum hashes, pure Python, which the agent runs on its event loop in slices) and writing it, for N
-entries shaped like the sim plugin's (one device, a small Allocate response) and two registered resources.
+entries shaped like the sim plugin's (one device, a small Allocate response of 25 bytes) and two registered
+resources. `--response gpu` gives every entry the response a GPU plugin returns instead (one env, five device nodes,
+a mount, a CDI annotation: 428 bytes), whose byte-by-byte checksum text is most of an entry's cost.
 
 Figures, medians over --rounds, in ms: `encode()` from scratch (a new `CheckpointEncoder`: every entry new); the
 encoder again with 1% of the entries replaced (as between two paced checkpoints); that same encoding in slices of the
@@ -8,7 +10,7 @@ agent's length (`encode_in_slices`), its longest slice and how many; the longest
 registered devices when one resource's list is new; the encoding with every entry's texts kept and
 `CheckpointStore.write_encoded` (temp file, fsync, rename, directory fsync).
 
-    python benchmarks/checkpoint_encode.py [--entries 5000] [--rounds 5]
+    python benchmarks/checkpoint_encode.py [--entries 5000] [--rounds 5] [--response sim|gpu]
 """
 
 from __future__ import annotations
@@ -29,12 +31,23 @@ from deviceplane.agent.state.checkpoint_writer import ENCODE_SLICE_SECONDS  # no
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb  # noqa: E402
 from deviceplane.core.checkpoint import CheckpointData, CheckpointEncoder, PodDevicesEntry, encode  # noqa: E402
 
-RESPONSE = pb.ContainerAllocateResponse(envs={"SIM_DEVICES": "filler-0"}).SerializeToString(deterministic=True)
+GPU_UUID = "GPU-6d1f3e2a-8c4b-4f0e-9a7d-2b5c1e8f4a3d"
+RESPONSES = {
+    "sim": pb.ContainerAllocateResponse(envs={"SIM_DEVICES": "filler-0"}),
+    "gpu": pb.ContainerAllocateResponse(
+        envs={"NVIDIA_VISIBLE_DEVICES": GPU_UUID},
+        devices=[pb.DeviceSpec(container_path=node, host_path=node, permissions="rw")
+                 for node in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
+                              "/dev/nvidia-modeset")],
+        mounts=[pb.Mount(container_path="/usr/local/nvidia", host_path="/home/kubernetes/bin/nvidia", read_only=True)],
+        annotations={"cdi.k8s.io/nvidia-device-plugin_0": f"nvidia.com/gpu={GPU_UUID}"},
+    ),
+}  # fmt: skip
 
 
-def entry(i: int) -> PodDevicesEntry:
+def entry(i: int, response: bytes) -> PodDevicesEntry:
     return PodDevicesEntry(f"{i:08d}-0000-4000-8000-000000000000", "main", "example.com/filler", {0: [f"filler-{i}"]},
-                           RESPONSE)  # fmt: skip
+                           response)  # fmt: skip
 
 
 def ms(work: Callable[[], object]) -> float:
@@ -67,15 +80,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=5000, help="pod device entries [5000]")
     parser.add_argument("--rounds", type=int, default=5, help="rounds, the median is printed [5]")
+    parser.add_argument("--response", choices=sorted(RESPONSES), default="sim", help="each entry's response [sim]")
     args = parser.parse_args()
-    entries = [entry(i) for i in range(args.entries)]
+    response = RESPONSES[args.response].SerializeToString(deterministic=True)
+    entries = [entry(i, response) for i in range(args.entries)]
     registered = {
         "example.com/sim": [f"sim-{i}" for i in range(1024)],
         "example.com/filler": [f"filler-{i}" for i in range(args.entries + 16)],
     }
     data = CheckpointData(entries, registered)
     changed = max(1, args.entries // 100)
-    later = CheckpointData([entry(args.entries + i) for i in range(changed)] + entries[changed:], registered)
+    later = CheckpointData([entry(args.entries + i, response) for i in range(changed)] + entries[changed:], registered)
     first, again, write, longest, slices, wide_longest = [], [], [], [], [], []
     # 10 resources x 10,000 registered devices, 100 entries
     wide = CheckpointData(
@@ -98,7 +113,10 @@ def main() -> None:
             slices.append(len(spans))
             wide_longest.append(max(slice_spans(wide_encoder, with_one_list_new(wide, round_))))
     size = len(encode(data))
-    print(f"checkpoint of {args.entries:,} entries ({size / 1e6:.2f} MB), median of {args.rounds} rounds, ms:")
+    print(
+        f"checkpoint of {args.entries:,} entries with {args.response} responses of {len(response)} bytes "
+        f"({size / 1e6:.2f} MB), median of {args.rounds} rounds, ms:"
+    )
     rows = [
         ("encode() from scratch (CheckpointEncoder, every entry new)", first),
         (f"CheckpointEncoder, {changed:,} of them replaced since", again),

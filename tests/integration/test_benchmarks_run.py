@@ -30,6 +30,11 @@ from tests.support.procs import ROOT, child_env
             "heap settles (default): ",
         ),
         ("checkpoint_encode.py", ["--entries", "200", "--rounds", "1"], "the same in slices of 0.5 ms, as the agent"),
+        (
+            "checkpoint_encode.py",
+            ["--entries", "20", "--rounds", "1", "--response", "gpu"],
+            "gpu responses of 426 bytes",
+        ),
         ("snapshot_churn.py", ["--rounds", "2"], "10,000  5,000  one flips"),
         (
             "loop_stalls.py",
