@@ -54,7 +54,9 @@ def container_affinity(
         return TopologyHint(None, True)  # upstream admitPolicyNone: no hint provider is asked
     hints: dict[str, list[TopologyHint] | None] = {}
     for resource, count in container.limits:
-        if count == 0 or not allocator.is_device_plugin_resource(resource):
+        # A zero limit still gives hints upstream (every mask, single nodes preferred), and they narrow the affinity
+        # the container's other resources are allocated with.
+        if not allocator.is_device_plugin_resource(resource):
             continue
         already = allocator.held(pod.uid, container.name, resource)
         hints[resource] = resource_hints(

@@ -367,7 +367,10 @@ class Allocator:
             taker.take(answer & aligned)
             taker.take(aligned)
         else:
-            taker.take(aligned)
+            # Upstream returns here when the aligned devices complete the request, before asking the plugin (the
+            # spec's step 12 leaves this out): no GetPreferredAllocation is made then, so none can fail.
+            if taker.take(aligned):
+                return Chosen(tuple(taker.chosen))
             question = ask(available)
             if question is not None:
                 return question

@@ -138,6 +138,25 @@ def test_preferred_allocation_is_asked_and_followed() -> None:
     assert alloc.pod_devices.container_devices("p", "c", R1) == {"d3", "d6"}
 
 
+def test_no_preferred_allocation_asked_when_the_aligned_devices_complete_the_request() -> None:
+    """Upstream devicesToAllocate (v1.36 manager.go) returns as soon as `take(aligned)` completes the request, before
+    callGetPreferredAllocationIfAvailable: one device per NUMA node and a request of 1 is the common case. The plugin
+    must get no RPC the kubelet never sends (a failing one would fail the admission)."""
+    numa_per_device = {R1: [("d0", "Healthy", (0,)), ("d1", "Healthy", (1,))]}
+    alloc = allocator_with(numa_per_device, PluginOptions(get_preferred_allocation_available=True))
+    assert alloc.devices_to_allocate("p", "c", R1, 1, affinity=mask_of([0])) == Chosen(("d0",))
+
+    alloc = allocator_with(numa_per_device, PluginOptions(get_preferred_allocation_available=True))
+    log: list[object] = []
+    drive(alloc, pod("p", ctr("c", {R1: 1})), policy="best-effort", numa=(0, 1), log=log)
+    assert [step for step in log if isinstance(step, PreferredCall)] == []
+    assert alloc.pod_devices.container_devices("p", "c", R1) == {"d0"}
+
+    # Two wanted, one aligned: the plugin is still asked for the rest, as upstream.
+    alloc = allocator_with(numa_per_device, PluginOptions(get_preferred_allocation_available=True))
+    assert alloc.devices_to_allocate("p", "c", R1, 2, affinity=mask_of([0])) == AskPreferred(("d0", "d1"), ("d0",), 2)
+
+
 def test_preferred_answer_rechecked_after_the_await() -> None:
     """While GetPreferredAllocation is in flight another admission takes the preferred device: it is not given
     twice (the race of kubernetes#137534), and bogus IDs in the answer are ignored."""
@@ -202,6 +221,28 @@ def test_zero_request_skips_allocate_but_still_checks_health() -> None:
     log: list[object] = []
     drive(alloc, pod("p", ctr("c", {R1: 0})), log=log)
     assert log == []
+
+
+def test_a_zero_limit_still_gives_topology_hints() -> None:
+    """Upstream getContainerDeviceRequest keeps a zero limit, and generateDeviceTopologyHints(request=0) returns every
+    mask with the single-node ones preferred. Merged with R2's only hint {0,1}, best-effort picks {0}, so R2's three
+    devices start with the two aligned on node 0 whatever the plugin prefers. Without R1's hints the affinity would be
+    {0,1} and the plugin's choice (b0, b1, a0) would stand."""
+    devices = {
+        R1: [("x0", "Healthy", (0,)), ("x1", "Healthy", (1,))],
+        R2: [("a0", "Healthy", (0,)), ("a1", "Healthy", (0,)), ("b0", "Healthy", (1,)), ("b1", "Healthy", (1,))],
+    }
+    alloc = allocator_with(devices, PluginOptions(get_preferred_allocation_available=True))
+    drive(
+        alloc,
+        pod("p", ctr("c", {R1: 0, R2: 3})),
+        policy="best-effort",
+        numa=(0, 1),
+        preferred=lambda call: {"b0", "b1", "a0"},
+    )
+    held = alloc.pod_devices.container_devices("p", "c", R2)
+    assert held is not None and {"a0", "a1"} <= held and len(held) == 3, held
+    assert alloc.pod_devices.container_devices("p", "c", R1) is None
 
 
 def test_resources_no_plugin_serves_are_refused_without_any_rpc() -> None:

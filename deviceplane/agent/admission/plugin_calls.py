@@ -22,12 +22,6 @@ ALLOCATE_TIMEOUT_SECONDS = 10.0
 NO_ENDPOINT = "endpoint not found in cache for a registered resource: {}"
 
 
-def go_rpc_error(err: RpcError) -> str:
-    """A gRPC error as Go's status error prints it (upstream passes plugin errors through verbatim)."""
-    code = "".join(part.capitalize() for part in err.code().name.split("_"))
-    return f"rpc error: code = {'OK' if code == 'Ok' else code} desc = {err.details() or ''}"
-
-
 class PluginCalls:
     """Counts each successful Allocate; failures are raised, and counted once per admission by the admitter."""
 
@@ -90,4 +84,4 @@ def _failures(
     except RpcError as err:
         if timeout is not None and err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             kind = timeout
-        raise AllocationError(message.format(go_rpc_error(err)), kind, resource) from err
+        raise AllocationError(message.format(err.go_text()), kind, resource) from err
