@@ -23,6 +23,11 @@ class RpcError(Exception):
     def details(self) -> str:
         return self._details
 
+    def go_text(self) -> str:
+        """The error as grpc-go's status error prints it, which is what the kubelet puts in its own messages."""
+        code = "".join(part.capitalize() for part in self._code.name.split("_"))
+        return f"rpc error: code = {'OK' if code == 'Ok' else code} desc = {self._details}"
+
 
 class UnprocessedError(RpcError):
     """The server says it never processed the call (GOAWAY past its stream, or REFUSED_STREAM): safe to send again,

@@ -136,10 +136,22 @@ async def test_options_never_answered_fails_with_the_options_error_after_one_dea
 ) -> None:
     plugin = plugin_factory(short_tmp, "hung.sock", [], "--hang-options")
     message, elapsed = await timed_connect_error(PluginClient("example.com/res", str(short_tmp / "hung.sock")), 2)
-    assert message == "failed to get device plugin options: context deadline exceeded"  # grpc-go's text, as the kubelet
+    # As the kubelet words it: its own prefix, then grpc-go's status error.
+    assert (
+        message
+        == "failed to get device plugin options: rpc error: code = DeadlineExceeded desc = context deadline exceeded"
+    )
     # The whole deadline was waited, and only one: not a dial deadline and then an options deadline.
     assert 2 <= elapsed < 4
     assert (await asyncio.to_thread(plugin.send, cmd="calls"))["order"] == ["GetDevicePluginOptions"]
+
+
+async def test_refused_options_fail_with_the_plugins_status_as_grpc_go_prints_it(
+    short_tmp: Path, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    plugin_factory(short_tmp, "refuses.sock", [], "--refuse-options")
+    message, _ = await timed_connect_error(PluginClient("example.com/res", str(short_tmp / "refuses.sock")), 5)
+    assert message == "failed to get device plugin options: rpc error: code = Unimplemented desc = no options here"
 
 
 @pytest.mark.parametrize("kind", ["missing", "nobody listening", "listens, never speaks"])

@@ -53,6 +53,8 @@ class Plugin(pb_grpc.DevicePluginServicer):
         self.order.append("GetDevicePluginOptions")
         if self.args.hang_options:
             await asyncio.sleep(3600)
+        if self.args.refuse_options:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no options here")
         return pb.DevicePluginOptions(
             pre_start_required=self.args.pre_start, get_preferred_allocation_available=self.args.preferred
         )
@@ -143,6 +145,7 @@ async def main() -> None:
     parser.add_argument("--pre-start", action="store_true")
     parser.add_argument("--preferred", action="store_true")
     parser.add_argument("--hang-options", action="store_true")
+    parser.add_argument("--refuse-options", action="store_true", help="fail GetDevicePluginOptions (Unimplemented)")
     parser.add_argument("--refuse-stream", action="store_true", help="fail every ListAndWatch at once")
     parser.add_argument("--alloc-response", default=None, help="fixed AllocateResponse (proto JSON)")
     parser.add_argument("--preferred-response", default=None, help="fixed PreferredAllocationResponse (proto JSON)")

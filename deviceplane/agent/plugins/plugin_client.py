@@ -71,7 +71,7 @@ class PluginClient:
                 raise PluginDialError(
                     f"failed to dial device plugin: context deadline exceeded ({self.socket_path})"
                 ) from err
-            raise PluginDialError(f"failed to get device plugin options: {err.details() or err.code().name}") from err
+            raise PluginDialError(f"failed to get device plugin options: {err.go_text()}") from err
         return PluginOptions(options.pre_start_required, options.get_preferred_allocation_available)
 
     def start_stream(self, on_snapshot: SnapshotCallback, on_end: StreamEndCallback) -> None:
