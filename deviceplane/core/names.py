@@ -25,11 +25,24 @@ _QUOTA_REQUESTS_PREFIX = "requests."
 _FILE_NAME_MAX_BYTES = 255
 
 
+# The longest name that can pass: "requests." + name is a qualified name, whose prefix is at most 253 characters
+# and whose name part at most 63.
+_EXTENDED_NAME_MAX_LENGTH = (
+    _DNS1123_SUBDOMAIN_MAX_LENGTH - len(_QUOTA_REQUESTS_PREFIX) + 1 + _QUALIFIED_NAME_PART_MAX_LENGTH
+)
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """Whether `name` is an extended resource name, exactly as upstream `v1helper.IsExtendedResourceName`."""
+    # A longer one is refused before the cache, which would otherwise keep it alive: a hostile Register may send
+    # names of megabytes.
+    return len(name) <= _EXTENDED_NAME_MAX_LENGTH and _is_extended_resource_name(name)
+
+
 # Asked several times per admission for the same few names (each pod's limits, the admission plan): two regular
 # expressions per call otherwise. Bounded, since the names come from pods and plugins, which may be hostile.
 @functools.lru_cache(maxsize=4096)
-def is_extended_resource_name(name: str) -> bool:
-    """Whether `name` is an extended resource name, exactly as upstream `v1helper.IsExtendedResourceName`."""
+def _is_extended_resource_name(name: str) -> bool:
     is_native = "/" not in name or _NATIVE_RESOURCE_PREFIX in name
     if is_native or name.startswith(_QUOTA_REQUESTS_PREFIX):
         return False

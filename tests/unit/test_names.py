@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import gc
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -48,6 +50,8 @@ TOO_LONG_PREFIX = dns_subdomain(254 - len("requests."))
         ("vendor.com/" + "x" * 63, True),
         ("vendor.com/" + "x" * 64, False),
         (LONGEST_PREFIX + "/gpu", True),
+        (LONGEST_PREFIX + "/" + "g" * 63, True),  # the longest valid name: 308 characters
+        (LONGEST_PREFIX + "/" + "g" * 64, False),
         (TOO_LONG_PREFIX + "/gpu", False),
         ("gpu", False),  # no "/": a native resource
         ("kubernetes.io/gpu", False),
@@ -72,6 +76,21 @@ TOO_LONG_PREFIX = dns_subdomain(254 - len("requests."))
 )
 def test_is_extended_resource_name(name: str, valid: bool) -> None:
     assert is_extended_resource_name(name) is valid
+
+
+def test_rejected_long_names_are_not_kept_alive() -> None:
+    """The validation's cache must not pin what hostile clients send: a Register's resource name can be megabytes
+    (gRPC's default message limit is 4 MB), and the cache holds 4,096 names."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(40):
+            assert not is_extended_resource_name(f"vendor{i}.com/" + "g" * 1_000_000)
+        gc.collect()
+        retained = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert retained < 5_000_000, f"{retained / 1e6:.0f} MB kept after 40 rejected names of 1 MB"
 
 
 def test_dns_subdomain_helper_limits_are_the_validation_limits() -> None:
