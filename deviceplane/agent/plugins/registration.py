@@ -92,15 +92,25 @@ class RegistrationServicer(pb_grpc.RegistrationServicer):
 
 
 def cleanup_plugin_dir(plugin_dir: Path) -> list[str]:
-    """Remove stale sockets at start, keeping the checkpoint, directories and other files (CleanupPluginDirectory)."""
+    """Remove stale sockets at start, keeping the checkpoint, directories and other files (CleanupPluginDirectory).
+
+    As upstream, an entry is judged by what it points to (`os.Stat`): a symlink to a socket is removed too (the link,
+    never its target), and a dangling one is logged and kept."""
     removed: list[str] = []
     for entry in plugin_dir.iterdir():
         if entry.name == CHECKPOINT_NAME:
             continue
         try:
-            if stat.S_ISSOCK(entry.lstat().st_mode):
-                entry.unlink()
-                removed.append(entry.name)
+            mode = entry.stat().st_mode
+        except OSError as err:
+            log.warning("plugin directory entry left alone, cannot stat it: %s: %s", entry, err)
+            continue
+        if not stat.S_ISSOCK(mode):
+            continue
+        try:
+            entry.unlink()
         except OSError as err:
             log.warning("could not remove stale socket %s: %s", entry, err)
+        else:
+            removed.append(entry.name)
     return removed
