@@ -9,7 +9,7 @@ views (`holder_map`), which walk the entries.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from google.protobuf.message import DecodeError
 
@@ -63,12 +63,15 @@ def make_allocation(
 
 
 def allocation_from_entry(entry: PodDevicesEntry) -> Allocation | None:
-    """A checkpoint entry back to an allocation; None when its response does not parse (upstream skips those)."""
+    """A checkpoint entry back to an allocation; None when its response does not parse (upstream skips those).
+
+    A null response is an empty one, as for upstream's `proto.Unmarshal(nil)`: the entry's devices stay held, and
+    later checkpoints write it as upstream re-marshals it (`""`), not leave it out as an entry without a response."""
     if entry.AllocResp is None:
-        return None
+        entry = replace(entry, AllocResp=b"")
     response = pb.ContainerAllocateResponse()
     try:
-        response.ParseFromString(entry.AllocResp)
+        response.ParseFromString(entry.AllocResp or b"")
     except DecodeError:
         return None
     per_numa = {numa: tuple(ids or ()) for numa, ids in sorted((entry.DeviceIDs or {}).items())}

@@ -178,3 +178,21 @@ def test_entries_are_in_the_order_first_made_and_leave_out_the_pods_asked(
             made = {key: entry for key, entry in made.items() if key[0] != pod}
     assert pds.entries() == [made[key] for key in expected]
     assert pds.entries(without_pods=left_out) == [made[key] for key in expected if key[0] not in left_out]
+
+
+def test_a_null_alloc_resp_is_an_empty_response_and_its_devices_stay_held() -> None:
+    """Upstream fromCheckpointData unmarshals a null AllocResp (nil bytes) into an empty response without error and
+    keeps the entry; skipping it would leave its devices free to be given twice."""
+    entry = make_allocation("p", "c", "r", {-1: ("a",)}, resp()).entry
+    null = type(entry)(entry.PodUID, entry.ContainerName, entry.ResourceName, entry.DeviceIDs, None)
+    pds = PodDevices()
+    assert pds.load([null]) == 0
+    assert pds.container_devices("p", "c", "r") == {"a"}
+    options = pds.run_options("p", "c")
+    assert options is not None and not options.envs and not options.mounts and not options.devices
+    # Written back as upstream re-marshals an empty response, so a second restart still holds the device.
+    raw = encode(checkpoint_data_for_write(pds.entries(), {"r": ["a"]}))
+    assert b'"AllocResp":""' in raw
+    again = PodDevices()
+    assert again.load(decode(raw).PodDeviceEntries or []) == 0
+    assert again.container_devices("p", "c", "r") == {"a"}
