@@ -149,12 +149,14 @@ class Agent:
             pod_list=self.ownership.pods_json if self.ownership else None,
         )
 
+        # -- the kubelet checkpoint file -----------------------------------------------------------------------------
+        self._checkpoint_file = CheckpointStore(config.plugin_dir)
+
         # -- cluster mode: pods from the API server, Events, Node status, NodeDevices ------------------------------
         # (in proxy mode only NodeDevices: the kubelet admits pods and owns the Node's capacity)
         self.cluster = None if config.standalone else self._cluster_mode(proxy=config.kubelet_dir is not None)
 
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
-        self._checkpoint_file = CheckpointStore(config.plugin_dir)
         content = CheckpointContent(self.registry, self.pod_devices)
         checkpoint = CheckpointWriter(self._checkpoint_file.write_encoded, content.snapshot, CheckpointEncoder())
         journal = Journal(config.plugin_dir, inline_sync_limit=config.journal_inline_sync_limit)
@@ -294,7 +296,13 @@ class Agent:
             node_devices=node_devices,
             pods=ApiPodSource(api, config.node_name),
             events=AdmissionEvents(api, config.node_name),
-            node_status=NodeStatusPublisher(api, config.node_name, self.registry.capacity),
+            node_status=NodeStatusPublisher(
+                api,
+                config.node_name,
+                self.registry.capacity,
+                # Asked now, before start writes anything into the plugin dir (its socket, a fresh checkpoint).
+                reset_extended_resources=self._checkpoint_file.should_reset_extended_resources(),
+            ),
         )
 
     # -- probes -----------------------------------------------------------------------------------------------------

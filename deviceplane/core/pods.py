@@ -23,6 +23,8 @@ PHASE_FAILED = "Failed"
 PHASES = (PHASE_PENDING, PHASE_RUNNING, PHASE_SUCCEEDED, PHASE_FAILED, "Unknown")
 TERMINAL_PHASES = (PHASE_SUCCEEDED, PHASE_FAILED)
 DEFAULT_NAMESPACE = "default"
+CONTAINER_RESTART_ALWAYS = "Always"
+CONTAINER_RESTART_POLICIES = (CONTAINER_RESTART_ALWAYS, "OnFailure", "Never")
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -156,6 +158,24 @@ def _parse_limits(resources: Mapping[str, Any], where: str) -> tuple[tuple[str, 
     return tuple(parsed.items())
 
 
+def _restart_policy(spec: Mapping[str, Any], where: str) -> str:
+    """A container's `restartPolicy` ("" when unset), validated as the API server does (v1.36 ContainerRestartRules:
+    any container may set it, with `restartPolicyRules`). The rules themselves do not change device allocation."""
+    policy = spec.get("restartPolicy")
+    if policy is None:
+        policy = ""
+    elif not isinstance(policy, str):
+        raise PodError(f"{where}.restartPolicy: expected a string, got {type(policy).__name__}")
+    elif policy not in CONTAINER_RESTART_POLICIES:
+        raise PodError(f"{where}.restartPolicy: Unsupported value: {policy!r}")
+    rules = spec.get("restartPolicyRules")
+    if rules is not None and not isinstance(rules, list):
+        raise PodError(f"{where}.restartPolicyRules: expected a list, got {type(rules).__name__}")
+    if rules and not policy:
+        raise PodError(f"{where}.restartPolicy: Required value: must specify restartPolicy when restart rules are used")
+    return policy
+
+
 def _parse_containers(value: Any, where: str, init: bool, seen: set[str]) -> tuple[Container, ...]:
     if value is None:
         return ()
@@ -171,11 +191,11 @@ def _parse_containers(value: Any, where: str, init: bool, seen: set[str]) -> tup
         if name in seen:
             raise PodError(f"{here}.name: Duplicate value: {name!r}")
         seen.add(name)
-        restart_policy = spec.get("restartPolicy")
-        if restart_policy is not None and (not init or restart_policy != "Always"):
-            raise PodError(f"{here}.restartPolicy: Unsupported value: {restart_policy!r}")
+        restart_policy = _restart_policy(spec, here)
         limits = _parse_limits(_mapping(spec.get("resources"), f"{here}.resources"), f"{here}.resources")
-        out.append(Container(name=name, limits=limits, init=init, restartable=restart_policy == "Always"))
+        # Upstream IsRestartableInitContainer: only an init container with `Always` is a sidecar.
+        restartable = init and restart_policy == CONTAINER_RESTART_ALWAYS
+        out.append(Container(name=name, limits=limits, init=init, restartable=restartable))
     return tuple(out)
 
 

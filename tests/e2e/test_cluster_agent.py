@@ -10,6 +10,7 @@ import signal
 import time
 from typing import Any
 
+from deviceplane.core.pods import PodError, parse_quantity
 from tests.support.pods import PodResourcesClient, listed_devices, simple_pod
 
 from .agent_cluster import (
@@ -22,6 +23,7 @@ from .agent_cluster import (
     daemonset_pod,
     node_devices,
     node_status,
+    token_kubeconfig,
 )
 from .cluster import Cluster, http_json, http_ok
 from .procs import wait_for
@@ -51,10 +53,18 @@ def resources_match(cluster: Cluster, node: str, agent: Any, limit: int | None =
         return False
     counts = node_status(cluster, node)
     return all(
-        counts["capacity"].get(r["name"]) == str(r["capacity"])
-        and counts["allocatable"].get(r["name"]) == str(r["allocatable"])
+        same_quantity(counts["capacity"].get(r["name"]), r["capacity"])
+        and same_quantity(counts["allocatable"].get(r["name"]), r["allocatable"])
         for r in local
     )
+
+
+def same_quantity(stored: str | None, count: int) -> bool:
+    """The API server stores quantities in canonical form (1000 as "1k"): compare numbers, not strings."""
+    try:
+        return parse_quantity(stored, "node status") == count
+    except PodError:
+        return False
 
 
 def test_node_status_and_nodedevices_follow_the_plugin(agent_installed: Cluster, node_agent, test_plugins) -> None:
@@ -141,6 +151,43 @@ def test_node_status_and_nodedevices_follow_the_plugin(agent_installed: Cluster,
     cluster.kubectl("delete", "node", node, "--wait=false")
     wait_for("NodeDevices collected with its Node", lambda: node_devices(cluster, node) is None, timeout=60)
     assert agent.proc.alive()
+
+
+def test_agent_without_checkpoint_zeroes_stale_extended_resources(
+    agent_installed: Cluster, kwok_nodes, deviceplane_agent, procs, short_tmp
+) -> None:
+    """The Node still advertises GPUs an earlier agent published; the agent starts with an empty plugin dir (no
+    checkpoint: the node was re-imaged) and the GPUs' plugin never comes back. As the kubelet does in that case
+    (ShouldResetExtendedResourceCapacity, spec §4.6), every extended resource on the Node is zeroed, so the
+    scheduler stops sending GPU pods the agent would refuse. Restarted on the same plugin dir (a checkpoint is there
+    now), the agent leaves the Node's extended resources alone."""
+    cluster = agent_installed
+    (node,) = kwok_nodes(1, prefix="reset")
+    kubeconfig = token_kubeconfig(
+        cluster, bound_token(cluster, daemonset_pod(cluster, node)), short_tmp("dp-kc") / "agent.kubeconfig"
+    )
+    stale = {"status": {"capacity": {GPU: "4"}, "allocatable": {GPU: "4"}}}
+    smp = "application/strategic-merge-patch+json"
+    code, body = api(cluster, "PATCH", f"/api/v1/nodes/{node}/status", stale, None, smp)
+    assert code == 200, body
+    native = {k: v for k, v in node_status(cluster, node)["capacity"].items() if "/" not in k}
+
+    agent = deviceplane_agent(kubeconfig=kubeconfig, node_name=node, extra=["--grace-period", f"{GRACE:g}s"])
+
+    # Ready means the first Node status write succeeded: the zeroing is part of it.
+    counts = node_status(cluster, node)
+    assert (counts["capacity"].get(GPU), counts["allocatable"].get(GPU)) == ("0", "0"), counts
+    assert {k: v for k, v in counts["capacity"].items() if "/" not in k} == native
+
+    procs.stop(agent.proc)
+    assert (agent.plugin_dir / "kubelet_internal_checkpoint").exists()
+    code, body = api(cluster, "PATCH", f"/api/v1/nodes/{node}/status", stale, None, smp)
+    assert code == 200, body
+    deviceplane_agent(
+        kubeconfig=kubeconfig, node_name=node, plugin_dir=agent.plugin_dir, extra=["--grace-period", f"{GRACE:g}s"]
+    )
+    time.sleep(GRACE + 1.0)  # past the grace period: nothing would be zeroed later either
+    assert node_status(cluster, node)["allocatable"].get(GPU) == "4"
 
 
 def test_api_pods_generic_device_plugin_events_and_release(

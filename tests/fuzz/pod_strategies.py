@@ -51,11 +51,21 @@ LIMITS = st.dictionaries(
     maybe(st.integers(0, 5) | st.sampled_from(["1", "2", "0"])),
     max_size=3,
 )
+# v1.36 ContainerRestartRules: any container may set restartPolicy, and restartPolicyRules with it.
+RESTART_RULES = st.lists(
+    st.fixed_dictionaries(
+        {"action": st.sampled_from(["Restart", "RestartAllContainers"])},
+        optional={"exitCodes": st.fixed_dictionaries({"operator": st.sampled_from(["In", "NotIn"]),
+                                                      "values": st.lists(st.integers(0, 255), max_size=3)})},
+    ),
+    max_size=2,
+)  # fmt: skip
 CONTAINER = st.fixed_dictionaries(
     {"name": maybe(st.sampled_from(["a", "b", "c", "main"]))},
     optional={
         "resources": maybe(st.fixed_dictionaries({}, optional={"limits": maybe(LIMITS), "requests": maybe(LIMITS)})),
-        "restartPolicy": maybe(st.sampled_from(["Always", "Never"])),
+        "restartPolicy": maybe(st.sampled_from(["Always", "Never", "OnFailure"])),
+        "restartPolicyRules": maybe(RESTART_RULES),
         "image": ANY,
     },
 )

@@ -1,10 +1,13 @@
 """The cluster-mode parts that decide without I/O: kubelet reasons for Events, watch-event decoding, what the pod
-source reports for any object, Node status values (gone resources as 0), backoff. (Against a real API server:
-tests/e2e/test_cluster_agent.py.)"""
+source reports for any object, Node status values (gone resources as 0, quantities compared as quantities), backoff;
+and the Event queue's retries against a scripted API (faults the real API server cannot produce on demand).
+(Against a real API server: tests/e2e/test_cluster_agent.py, tests/e2e/test_cluster_publishers.py.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from hypothesis import strategies as st
 from deviceplane.agent.kube.backoff import Backoff
 from deviceplane.agent.kube.client import decode_event
 from deviceplane.agent.kube.errors import KubeError
-from deviceplane.agent.kube.events import kubelet_reason, warning_event
+from deviceplane.agent.kube.events import AdmissionEvents, kubelet_reason, warning_event
 from deviceplane.agent.kube.node_devices import node_devices_object, without_heartbeat
 from deviceplane.agent.kube.node_status import NodeStatusPublisher
 from deviceplane.agent.kube.pod_watch import ApiPodSource
@@ -126,6 +129,34 @@ def test_node_status_keeps_gone_resources_at_zero() -> None:
     }
 
 
+def test_node_status_patch_zeroes_stale_extended_resources_it_does_not_publish() -> None:
+    """On a recreated node the first patch also zeroes the extended resources found there; one a plugin serves
+    again is written with its count, not 0."""
+    from deviceplane.agent.kube.node_status import extended_resources
+
+    node = {"status": {"capacity": {"cpu": "4", "hugepages-2Mi": "0", "a.com/x": "4", "o.io/y": "2"}}}
+    publisher = NodeStatusPublisher(None, "n", lambda: Capacity({"a.com/x": 2}, {"a.com/x": 1}))  # type: ignore[arg-type]
+    publisher._stale = extended_resources(node)
+    assert publisher._stale == {"a.com/x", "o.io/y"}
+    assert publisher.patch(publisher.wanted()) == {
+        "capacity": {"a.com/x": "2", "o.io/y": "0"},
+        "allocatable": {"a.com/x": "1", "o.io/y": "0"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("seen", "differs"),
+    [("1k", False), ("1000", False), ("999", True), ("1Ki", True), ("2k", True), (None, True), ("1.5", True),
+     ("500m", True), ("garbage", True)],
+)  # fmt: skip
+def test_read_back_compares_quantities_not_strings(seen: Any, differs: bool) -> None:
+    """The API server stores 1000 as "1k": that is no difference. What cannot be parsed as a whole-number quantity
+    counts as one (it is rewritten)."""
+    from deviceplane.agent.kube.node_status import quantity_differs
+
+    assert quantity_differs("1000", seen) is differs
+
+
 def test_node_devices_object_is_owned_by_its_node() -> None:
     obj = node_devices_object({"metadata": {"name": "n1", "uid": "uid-1"}})
     assert obj["metadata"]["name"] == "n1" and obj["spec"] == {"nodeName": "n1"}
@@ -142,3 +173,107 @@ def test_backoff_grows_to_its_cap_and_resets(rng: Any) -> None:
     assert delays == [scale * d for d in (1, 2, 4, 8, 8, 8)]
     backoff.reset()
     assert backoff.delay() == scale * 1.0
+
+
+# -- Warning Events: retried while queued ---------------------------------------------------------------------------
+# A scripted API: the real API server cannot be made to answer 429 or 503 on demand, nor to refuse connections for a
+# while and come back (the e2e test_api_server_outage SIGSTOPs it: requests hang until their timeout instead).
+
+
+def fast_backoff() -> Backoff:
+    return Backoff(initial=0.01, maximum=0.05)  # the agent's 0.5 s -> 10 s, scaled down
+
+
+class ScriptedApi:
+    """create_event fails with each status of `failures` in turn (0: unreachable), then succeeds; `down` makes every
+    call fail as an unreachable server does until it is cleared."""
+
+    def __init__(self, failures: tuple[int, ...] = ()) -> None:
+        self.failures = list(failures)
+        self.down = False
+        self.calls = 0
+        self.created: list[str] = []  # the pods whose events were created, in order
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        self.calls += 1
+        if self.down:
+            raise KubeError("create event: MaxRetryError: connection refused", 0)
+        if self.failures:
+            status = self.failures.pop(0)
+            raise KubeError(f"create event: {status}", status)
+        self.created.append(body["involvedObject"]["name"])
+
+
+def api_pod(name: str) -> Pod:
+    return Pod(f"uid-{name}", "ns", name, "Pending", (), ())
+
+
+async def poll(until: Callable[[], bool], timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if until():
+            return
+        await asyncio.sleep(0.01)
+
+
+def run_events(events: AdmissionEvents, until: Callable[[], bool]) -> None:
+    """Run the Event sender until `until()` holds (or 10 s), then stop it."""
+
+    async def main() -> None:
+        task = asyncio.create_task(events.run())
+        await poll(until)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_event_is_retried_through_an_outage_however_long() -> None:
+    """Unreachable (status 0), 429 and 5xx are retried for as long as the event is queued: far more attempts than a
+    fixed budget would allow (the agent used to drop an event after 5 attempts, ~7.5 s of API server restart)."""
+    api = ScriptedApi(failures=(0,) * 30 + (503, 500, 429, 504))
+    events = AdmissionEvents(api, "n1", backoff=fast_backoff())  # type: ignore[arg-type]
+    events.failed("api", api_pod("p1"), "requested number of devices unavailable")
+    run_events(events, lambda: events.queued == 0)
+    assert api.created == ["p1"] and api.calls == 35
+    assert (events.sent, events.dropped) == (1, 0)
+
+
+@pytest.mark.parametrize("status", [400, 403, 404, 409, 422])
+def test_event_refused_by_the_server_is_dropped_and_the_next_sent(status: int) -> None:
+    """A 4xx other than 429 will not succeed on retry: that event is dropped at once, the next one goes out."""
+    api = ScriptedApi(failures=(status,))
+    events = AdmissionEvents(api, "n1", backoff=fast_backoff())  # type: ignore[arg-type]
+    events.failed("api", api_pod("refused"), "x")
+    events.failed("api", api_pod("next"), "x")
+    run_events(events, lambda: events.queued == 0)
+    assert api.created == ["next"] and api.calls == 2
+    assert (events.sent, events.dropped) == (1, 1)
+
+
+def test_event_queue_stays_bounded_while_the_server_is_away() -> None:
+    """While the server is away the queue holds the newest `max_queued` events; older ones (the one being retried
+    included) are dropped and counted. Once the server is back the kept ones go out in order."""
+    api = ScriptedApi()
+    api.down = True
+    events = AdmissionEvents(api, "n1", backoff=fast_backoff(), max_queued=3)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        task = asyncio.create_task(events.run())
+        for name in ("e1", "e2", "e3", "e4", "e5"):
+            events.failed("api", api_pod(name), "x")
+            await asyncio.sleep(0.05)  # the sender is retrying the oldest meanwhile
+        assert api.calls > 1 and events.queued == 3
+        api.down = False
+        await poll(lambda: events.queued == 0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert api.created == ["e3", "e4", "e5"]
+    assert (events.sent, events.dropped, events.queued) == (3, 2, 0)
+
+
+def test_events_of_other_sources_are_not_recorded() -> None:
+    events = AdmissionEvents(ScriptedApi(), "n1")  # type: ignore[arg-type]
+    events.failed("file", api_pod("static"), "x")
+    assert events.queued == 0

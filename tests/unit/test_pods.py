@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
 
 from deviceplane.core.pods import PodError, parse_pod, parse_quantity
+from tests.fuzz.pod_strategies import POD
 
 
 def pod_obj(**spec: Any) -> dict[str, Any]:
@@ -43,6 +45,30 @@ def test_parses_containers_limits_and_init_kinds() -> None:
         ("main", "app", (("example.com/gpu", 1),)),
     ]
     assert pod.device_requests() == {"example.com/gpu": 2}
+
+
+RULES = [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]
+
+
+@pytest.mark.parametrize("policy", ["Never", "OnFailure", "Always"])
+def test_container_restart_policy_only_makes_an_init_container_a_sidecar(policy: str) -> None:
+    """v1.36 ContainerRestartRules: any container may set restartPolicy (and restartPolicyRules with it); the
+    API server accepts it. As the kubelet's IsRestartableInitContainer, only an init container with `Always` is a
+    sidecar; on an app container or any other init container the policy changes nothing the device manager does."""
+    gpu = {"limits": {"example.com/gpu": 1}}
+    obj = pod_obj(
+        initContainers=[{"name": "setup", "restartPolicy": policy, "resources": gpu}],
+        containers=[
+            {"name": "main", "restartPolicy": policy, "resources": gpu},
+            {"name": "ruled", "restartPolicy": policy, "restartPolicyRules": RULES, "resources": gpu},
+        ],
+    )
+    pod = parse_pod(obj)
+    assert [(c.name, c.kind, c.limits) for c in pod.all_containers] == [
+        ("setup", "sidecar" if policy == "Always" else "init", (("example.com/gpu", 1),)),
+        ("main", "app", (("example.com/gpu", 1),)),
+        ("ruled", "app", (("example.com/gpu", 1),)),
+    ]
 
 
 def test_uid_without_metadata_uid_is_stable_and_depends_on_node_and_file() -> None:
@@ -86,7 +112,16 @@ def test_phase_terminal() -> None:
             ),
             "must be equal to example.com/gpu limit",
         ),
-        (lambda o: o["spec"]["containers"][0].update(restartPolicy="Always"), "restartPolicy: Unsupported value"),
+        (lambda o: o["spec"]["containers"][0].update(restartPolicy="Sometimes"), "restartPolicy: Unsupported value"),
+        (lambda o: o["spec"]["containers"][0].update(restartPolicy=["Always"]), "restartPolicy: expected a string"),
+        (
+            lambda o: o["spec"]["containers"][0].update(restartPolicy="Never", restartPolicyRules="Restart"),
+            "restartPolicyRules: expected a list",
+        ),
+        (
+            lambda o: o["spec"]["containers"][0].update(restartPolicyRules=[{"action": "Restart"}]),
+            "restartPolicy: Required value: must specify restartPolicy when restart rules are used",
+        ),
         (lambda o: o.update(status={"phase": "Exploded"}), "status.phase: Unsupported value"),
         (lambda o: o.update(metadata=["x"]), "metadata: expected an object"),
     ],
@@ -110,3 +145,19 @@ def test_quantity_suffixes() -> None:
     assert parse_quantity("2k", "x") == 2000
     assert parse_quantity("1Ki", "x") == 1024
     assert parse_quantity(3, "x") == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(POD)
+def test_only_init_containers_with_always_are_ever_sidecars(document: Any) -> None:
+    """Over the fuzz strategy's pod shapes (restartPolicy and restartPolicyRules on any container included): a pod is
+    parsed or refused with PodError, and a parsed container is restartable exactly when it is an init container with
+    restartPolicy Always."""
+    try:
+        pod = parse_pod(document)
+    except PodError:
+        return
+    spec = document["spec"]
+    raw = [*(spec.get("initContainers") or []), *spec["containers"]]
+    for container, source in zip(pod.all_containers, raw, strict=True):
+        assert container.restartable == (container.init and source.get("restartPolicy") == "Always")

@@ -2,8 +2,10 @@
 
 The kubelet rejects a pod its device manager cannot serve with reason `UnexpectedAdmissionError` and the message
 `Allocate failed due to <error>, which is unexpected` (pkg/kubelet/cm/admission), or `TopologyAffinityError` from
-the topology manager, and records a Warning Event with them. Events are queued (bounded: the oldest are dropped if
-the API server is away for long) and sent in order, each retried a few times.
+the topology manager, and records a Warning Event with them. Events are queued and sent in order. An event is retried
+with capped backoff for as long as it is queued when the server cannot take it now (unreachable, 429, 5xx: an API
+server restart loses nothing), and dropped when the server refuses it (any other 4xx). The queue is bounded: when it
+is full the oldest event is dropped (counted and logged), the one being retried included.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ log = logging.getLogger("deviceplane.kube.events")
 COMPONENT = "deviceplane-agent"
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 MAX_QUEUED = 1000
-ATTEMPTS = 5
+TOO_MANY_REQUESTS = 429
+
+
+def worth_retrying(err: KubeError) -> bool:
+    """The server could not take the event now (unreachable: status 0, 429, 5xx), rather than refused it."""
+    return err.status == 0 or err.status == TOO_MANY_REQUESTS or err.status >= 500
 
 
 def kubelet_reason(failure: str) -> tuple[str, str]:
@@ -60,21 +67,38 @@ def warning_event(pod: Pod, reason: str, message: str, node: str, now: float) ->
 class AdmissionEvents:
     """An admission-failure observer for pods that came from the API server (`source`)."""
 
-    def __init__(self, api: KubeApi, node: str, source: str = "api", backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        node: str,
+        source: str = "api",
+        backoff: Backoff | None = None,
+        max_queued: int = MAX_QUEUED,
+    ) -> None:
         self.api = api
         self.node = node
         self.source = source
         self.backoff = backoff or Backoff(maximum=10.0)
         self.sent = 0
-        self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_QUEUED)
+        self.dropped = 0  # refused by the server, or pushed out of a full queue
+        self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_queued)
         self._wake = asyncio.Event()
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
 
     def failed(self, source: str, pod: Pod, failure: str) -> None:
         if source != self.source:
             return
         reason, message = kubelet_reason(failure)
         if len(self._queue) == self._queue.maxlen:
-            log.warning("event queue full; dropping the oldest", extra={"pod": pod.key})
+            self.dropped += 1
+            oldest = self._queue[0]["involvedObject"]
+            log.warning(
+                "event queue full; dropping the oldest",
+                extra={"pod": f"{oldest['namespace']}/{oldest['name']}", "dropped": self.dropped},
+            )
         self._queue.append(warning_event(pod, reason, message, self.node, time.time()))
         self._wake.set()
 
@@ -83,19 +107,26 @@ class AdmissionEvents:
             await self._wake.wait()
             self._wake.clear()
             while self._queue:
-                event = self._queue[0]
-                namespace = event["metadata"]["namespace"]
-                for attempt in range(1, ATTEMPTS + 1):
-                    try:
-                        await off_loop(self.api.create_event, namespace, event)
-                    except KubeError as err:
-                        if attempt == ATTEMPTS or err.status in (403, 404, 422):
-                            log.warning("cannot record event; dropped", extra={"error": str(err)})
-                            break
-                        await asyncio.sleep(self.backoff.delay())
-                    else:
-                        self.sent += 1
-                        break
-                self.backoff.reset()
-                if self._queue and self._queue[0] is event:
-                    self._queue.popleft()
+                await self._send(self._queue[0])
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        """Send the oldest queued event, retrying while it stays queued; then take it off the queue."""
+        while self._queue and self._queue[0] is event:
+            try:
+                await off_loop(self.api.create_event, event["metadata"]["namespace"], event)
+            except KubeError as err:
+                if worth_retrying(err):
+                    delay = self.backoff.delay()
+                    log.warning("cannot record event; retrying", extra={"error": str(err), "retry_in": delay})
+                    await asyncio.sleep(delay)
+                    continue
+                self.dropped += 1
+                log.warning("event refused; dropped", extra={"error": str(err), "dropped": self.dropped})
+            else:
+                self.sent += 1
+            self._done(event)
+        self.backoff.reset()
+
+    def _done(self, event: dict[str, Any]) -> None:
+        if self._queue and self._queue[0] is event:
+            self._queue.popleft()
