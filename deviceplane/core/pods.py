@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from deviceplane.core.names import is_extended_resource_name
@@ -28,23 +30,32 @@ CONTAINER_RESTART_POLICIES = (CONTAINER_RESTART_ALWAYS, "OnFailure", "Never")
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-# Integer quantities only: extended resources cannot be fractional (apimachinery `resource.Quantity` suffixes).
-_QUANTITY = re.compile(r"([0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
-_SUFFIX = {
-    None: 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "P": 10**15,
-    "E": 10**18,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "Pi": 2**50,
-    "Ei": 2**60,
+# apimachinery's `resource.Quantity`: a signed decimal number, then a binary-SI or decimal-SI suffix or an exponent.
+_QUANTITY = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
+_SUFFIX_SCALE: dict[str | None, Fraction] = {
+    None: Fraction(1),
+    "n": Fraction(1, 10**9),
+    "u": Fraction(1, 10**6),
+    "m": Fraction(1, 10**3),
+    "k": Fraction(10**3),
+    "M": Fraction(10**6),
+    "G": Fraction(10**9),
+    "T": Fraction(10**12),
+    "P": Fraction(10**15),
+    "E": Fraction(10**18),
+    "Ki": Fraction(2**10),
+    "Mi": Fraction(2**20),
+    "Gi": Fraction(2**30),
+    "Ti": Fraction(2**40),
+    "Pi": Fraction(2**50),
+    "Ei": Fraction(2**60),
 }
+_INT64_MAX = 2**63 - 1
+# int64 has 19 digits: a longer number counts no devices (and int() of thousands of digits fails), and an exponent
+# past 40 puts any non-zero value far above int64 or below a thousandth.
+_QUANTITY_DIGITS_LIMIT = 40
+_QUANTITY_EXPONENT_LIMIT = 40
+_NOT_WHOLE = "extended resources must be whole numbers"
 
 
 class PodError(ValueError):
@@ -100,7 +111,9 @@ class Pod:
 
 
 def parse_quantity(value: Any, where: str) -> int:
-    """An integer extended-resource quantity: 2, "2", "1k". Fractions ("500m", "0.5") are refused."""
+    """An extended-resource quantity as a count: 2, "2", "1k", "1Ki", and what the API server accepts as whole,
+    "1000m", "2.0", "1e3" (its check: the value in thousandths, rounded up, is a multiple of 1000). "500m", "0.5" and
+    negative values are refused, as are counts beyond int64."""
     if isinstance(value, bool):
         raise PodError(f"{where}: invalid quantity {value!r}")
     if isinstance(value, int):
@@ -108,15 +121,46 @@ def parse_quantity(value: Any, where: str) -> int:
     elif isinstance(value, float) and value.is_integer():
         number = int(value)
     elif isinstance(value, str):
-        match = _QUANTITY.fullmatch(value.strip())
-        if match is None:
-            raise PodError(f"{where}: invalid quantity {value!r}: extended resources must be whole numbers")
-        number = int(match.group(1)) * _SUFFIX[match.group(2)]
+        number = _string_quantity(value, where)
     else:
-        raise PodError(f"{where}: invalid quantity {value!r}: extended resources must be whole numbers")
+        raise PodError(f"{where}: invalid quantity {_shown(value)}: {_NOT_WHOLE}")
     if number < 0:
         raise PodError(f"{where}: must be greater than or equal to 0")
+    if number > _INT64_MAX:
+        raise PodError(f"{where}: invalid quantity {_shown(value)}: too large")
     return number
+
+
+def _string_quantity(text: str, where: str) -> int:
+    match = _QUANTITY.fullmatch(text.strip())  # JSON's Quantity decoding trims spaces too
+    if match is None or not (match.group(2) or match.group(3)):
+        raise PodError(f"{where}: invalid quantity {_shown(text)}")
+    sign, whole, fraction, suffix, exponent_text = match.groups()
+    whole, fraction = whole.lstrip("0"), (fraction or "").rstrip("0")
+    if len(whole) + len(fraction) > _QUANTITY_DIGITS_LIMIT:
+        raise PodError(f"{where}: invalid quantity {_shown(text)}: too many digits")
+    value = Fraction(int(whole + fraction or "0"), 10 ** len(fraction))
+    if exponent_text is None:
+        value *= _SUFFIX_SCALE[suffix]
+    elif value:
+        exponent = int(exponent_text)
+        if exponent > _QUANTITY_EXPONENT_LIMIT:
+            raise PodError(f"{where}: invalid quantity {_shown(text)}: too large")
+        if exponent < -_QUANTITY_EXPONENT_LIMIT:  # under 10^40 x 10^-41: a non-zero value under a tenth
+            raise PodError(f"{where}: invalid quantity {_shown(text)}: {_NOT_WHOLE}")
+        value *= Fraction(10) ** exponent
+    if sign == "-" and value:
+        raise PodError(f"{where}: must be greater than or equal to 0")
+    thousandths = math.ceil(value * 1000)
+    if thousandths % 1000:
+        raise PodError(f"{where}: invalid quantity {_shown(text)}: {_NOT_WHOLE}")
+    return thousandths // 1000
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """A value for an error message, shortened: pod files and API objects may carry megabytes."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:

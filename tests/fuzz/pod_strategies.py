@@ -34,7 +34,9 @@ SCALARS = st.one_of(
     st.integers(),
     st.floats(),
     st.text(max_size=20),
-    st.sampled_from(["1", "2", "0", "-1", "1k", "1Ki", "500m", "0.5", " 2 ", "Always", "Succeeded", "Failed"]),
+    st.sampled_from(
+        ["1", "2", "0", "-1", "1k", "1Ki", "500m", "0.5", " 2 ", "1000m", "2.0", "1e3", "Always", "Succeeded", "Failed"]
+    ),
 )
 ANY = st.recursive(
     SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4), max_leaves=12

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from deviceplane.core.pods import PodError, parse_pod, parse_quantity
 from tests.fuzz.pod_strategies import POD
@@ -145,6 +146,72 @@ def test_quantity_suffixes() -> None:
     assert parse_quantity("2k", "x") == 2000
     assert parse_quantity("1Ki", "x") == 1024
     assert parse_quantity(3, "x") == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("1000m", 1),  # what the API server accepts for an extended resource is any whole value, in any notation
+        ("2.0", 2),
+        ("1e3", 1000),
+        ("1E3", 1000),
+        ("0.5k", 500),
+        (".5k", 500),
+        ("+2", 2),
+        ("1.", 1),
+        ("-0", 0),
+        ("1000000000n", 1),
+        ("1.5e1", 15),
+        ("0e400", 0),
+        ("0.9999999", 1),  # a thousandth rounded up, as MilliValue: whole, and the count is its Value() (ceiling)
+        (" 2 ", 2),
+        ("9223372036854775807", 2**63 - 1),
+    ],
+)
+def test_whole_quantities_in_every_notation(text: str, count: int) -> None:
+    assert parse_quantity(text, "x") == count
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1.5", "whole numbers"),
+        ("500m", "whole numbers"),
+        ("3n", "whole numbers"),
+        ("1e-3", "whole numbers"),
+        ("9" * 40 + "e-41", "whole numbers"),  # just under a tenth, not one after rounding the exponent away
+        ("-1", "greater than or equal to 0"),
+        ("9223372036854775808", "too large"),
+        ("8Ei", "too large"),
+        ("1e400", "too large"),
+        ("1" * 5000, "too many digits"),  # not int() of 5,000 digits, which Python refuses with a ValueError
+        (".", "invalid quantity"),
+        ("", "invalid quantity"),
+        ("e3", "invalid quantity"),
+        ("1K", "invalid quantity"),
+        ("1 k", "invalid quantity"),
+    ],
+)
+def test_quantities_that_are_not_counts_are_refused(text: str, message: str) -> None:
+    with pytest.raises(PodError, match=message) as err:
+        parse_quantity(text, "x")
+    assert len(str(err.value)) < 200  # long values are shortened in the message
+
+
+@given(
+    count=st.integers(0, 10**12), notation=st.sampled_from(["{}", "{}000m", "{}.0", "{}e0", "{}000e-3", "{}000000000n"])
+)
+def test_a_count_reads_the_same_in_every_notation(count: int, notation: str) -> None:
+    assert parse_quantity(notation.format(count), "x") == count
+
+
+@given(st.text(alphabet="0123456789.+-eEnumkKMGTPi ", max_size=30) | st.text(max_size=30))
+def test_any_text_is_a_count_or_a_pod_error(text: str) -> None:
+    try:
+        count = parse_quantity(text, "x")
+    except PodError:
+        return
+    assert 0 <= count <= 2**63 - 1
 
 
 @settings(max_examples=300, deadline=None)
