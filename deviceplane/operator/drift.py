@@ -1,7 +1,8 @@
 """Does a live DaemonSet still carry what we rendered? (pure)
 
 Only the fields we set are compared: what the API server or the DaemonSet controller add (defaults, status,
-revision annotations) is not drift, so the operator never fights them. A hand edit of a field we own is.
+revision annotations) is not drift, so the operator never fights them. A hand edit of a field we own is, and so is
+a hand-added pod-spec field in OWNED_POD_FIELDS, which we own even when we do not render it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,28 @@ from kubernetes.utils.quantity import parse_quantity
 
 from deviceplane.operator import names
 
+POD_SPEC_PATH = "spec.template.spec"
+# Pod-spec fields that decide where the plugin runs, with which identity and which host access: ours whether or not
+# the config renders them, so a hand-added one is drift. The API server defaults none of them on a pod template
+# (checked against the real apiserver in tests/e2e/test_operator.py), and an empty or false value counts as absent.
+OWNED_POD_FIELDS = (
+    "affinity",
+    "nodeSelector",
+    "tolerations",
+    "nodeName",
+    "hostNetwork",
+    "hostPID",
+    "hostIPC",
+    "shareProcessNamespace",
+    "initContainers",
+    "serviceAccountName",
+    "serviceAccount",
+    "imagePullSecrets",
+    "runtimeClassName",
+    "hostAliases",
+    "securityContext",
+)
+
 
 def drifted_fields(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
     """Paths where `live` differs from what we rendered (empty: nothing to repair)."""
@@ -25,7 +48,20 @@ def drifted_fields(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> list
     if not {r["uid"] for r in meta.get("ownerReferences", [])} <= owners:
         out.append("metadata.ownerReferences")
     _compare(rendered.get("spec", {}), live.get("spec") or {}, "spec", out)
+    out += _added_pod_fields(rendered, live)
     return out
+
+
+def _added_pod_fields(rendered: Mapping[str, Any], live: Mapping[str, Any]) -> list[str]:
+    """Owned pod-spec fields present on the live object though we do not render them."""
+    want = _pod_spec(rendered)
+    have = _pod_spec(live)
+    return [f"{POD_SPEC_PATH}.{k}" for k in OWNED_POD_FIELDS if k not in want and not _zero(have.get(k))]
+
+
+def _pod_spec(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    template = (body.get("spec") or {}).get("template") or {}
+    return template.get("spec") or {}
 
 
 def render_hash(body: Mapping[str, Any]) -> str | None:
@@ -63,8 +99,8 @@ def _zero(value: Any) -> bool:
 def _same_scalar(want: Any, have: Any, path: str) -> bool:
     if want == have:
         return True
-    if ".resources." in path:
-        # The API server canonicalises quantities ("0.5" → "500m", 1 → "1"): compare their values.
+    if ".resources." in path or path.endswith(".divisor"):
+        # The API server canonicalises quantities ("0.5" → "500m", "0.001" → "1m"): compare their values.
         try:
             return bool(parse_quantity(want) == parse_quantity(have))
         except (ValueError, TypeError, InvalidOperation):

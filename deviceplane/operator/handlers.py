@@ -84,6 +84,16 @@ def _owner_key(body: Mapping[str, Any]) -> ConfigKey | None:
     return ConfigKey(meta["namespace"], config) if config and meta.get("namespace") else None
 
 
+def _daemonset_key(body: Mapping[str, Any]) -> ConfigKey | None:
+    """The config a DaemonSet of ours belongs to, by its name <config>-plugin: unlike its labels, a name cannot be
+    edited, so a hand-changed deviceplane.io/config label is drift of that config's DaemonSet, repaired like any."""
+    meta = body.get("metadata") or {}
+    name, namespace = str(meta.get("name") or ""), meta.get("namespace")
+    if not namespace or not name.endswith(names.DAEMONSET_SUFFIX) or name == names.DAEMONSET_SUFFIX:
+        return None
+    return ConfigKey(namespace, name.removesuffix(names.DAEMONSET_SUFFIX))
+
+
 def install(
     registry: kopf.OperatorRegistry, view: IndexView, reconciler: Reconciler, watchdog: LoopWatchdog | None = None
 ) -> None:
@@ -134,7 +144,7 @@ def install(
 
     @kopf.index(**dss, labels=MANAGED, id="daemonset_index")  # type: ignore[arg-type]
     def daemonset_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, Any]:
-        key = _owner_key(body)
+        key = _daemonset_key(body)
         return {key: _slim(body)} if key else {}
 
     @kopf.index(**pods, labels=MANAGED, id="pod_index")  # type: ignore[arg-type]
@@ -178,7 +188,7 @@ def install(
 
     @kopf.on.event(**dss, labels=MANAGED)  # type: ignore[arg-type]
     def daemonset_event(body: kopf.Body, **_: Any) -> None:
-        key = _owner_key(body)
+        key = _daemonset_key(body)
         if key is not None:
             reconciler.seen_daemonset(key, body["metadata"].get("resourceVersion"))
             reconciler.enqueue(key)

@@ -39,6 +39,10 @@ class KubeApi:
         ns = body["metadata"]["namespace"]
         return await self._json(self._apps.create_namespaced_daemon_set, ns, body)
 
+    async def get_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
+        """Read one DaemonSet directly: for one the label-filtered watch does not show (its labels edited by hand)."""
+        return await self._json(self._apps.read_namespaced_daemon_set, name, namespace)
+
     async def replace_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
         return await self._json(self._apps.replace_namespaced_daemon_set, meta["name"], meta["namespace"], body)

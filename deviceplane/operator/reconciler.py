@@ -4,7 +4,9 @@ One idempotent path for create, update and resume. Work arrives as keys (a confi
 on: its DaemonSet, pods, ConfigMap, a node, another config of its resource) into a deduplicating queue; a key is
 never reconciled twice at once. Reads come from the watch caches (`ClusterView`), so a reconcile that finds nothing
 to do sends no request at all. After a write, the cache briefly lags: until the watch delivers the object we wrote,
-the reconciler does not write it again (no duplicate writes, no fighting our own echo).
+the reconciler does not write it again (no duplicate writes, no fighting our own echo). A failure that may pass by
+itself (5xx, 429, timeouts, connection errors) re-queues the key after a per-key exponential backoff; any other
+refusal is final until something the config depends on changes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import urllib3
 from pydantic import ValidationError
 
 from deviceplane.api.dpc import DevicePluginConfigSpec
@@ -24,7 +27,7 @@ from deviceplane.operator import conflicts as conflict_rules
 from deviceplane.operator.drift import drifted_fields, render_hash
 from deviceplane.operator.kube import ApiException, KubeApi
 from deviceplane.operator.metrics import OperatorMetrics
-from deviceplane.operator.names import ConfigKey
+from deviceplane.operator.names import CONFIG_HASH_ANNOTATION, ConfigKey
 from deviceplane.operator.render import Owner, render_daemonset
 from deviceplane.operator.status import Observed, PodProblem, compute_status
 
@@ -62,6 +65,50 @@ def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
 
 
 ECHO_TIMEOUT = 5.0  # seconds to wait for the watch to show our own write before trusting the cache again
+RETRY_BASE = 0.5  # seconds before the first retry after a transient failure; doubled per failure in a row
+RETRY_CAP = 60.0  # seconds: the longest wait between retries
+
+
+def is_transient(exc: BaseException) -> bool:
+    """May the same request succeed later? Server errors, throttling, timeouts, lost connections; not other 4xx."""
+    if isinstance(exc, ApiException):
+        return not exc.status or exc.status >= 500 or exc.status == 429
+    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError, TimeoutError))
+
+
+@dataclass
+class _Backoff:
+    """Per-key exponential backoff: base, 2 x base, ... up to cap; a key's count is dropped when it succeeds."""
+
+    base: float = RETRY_BASE
+    cap: float = RETRY_CAP
+    failures: dict[ConfigKey, int] = field(default_factory=dict)
+
+    def next_delay(self, key: ConfigKey) -> float:
+        count = self.failures.get(key, 0)
+        self.failures[key] = count + 1
+        return float(min(self.cap, self.base * 2**count))
+
+    def reset(self, key: ConfigKey) -> None:
+        self.failures.pop(key, None)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    result: str  # "unchanged" (no write), "changed" or "failed", as counted in reconcile_total
+    retry: bool = False  # failed for a reason that may pass by itself: reconcile again after a backoff
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What writing the DaemonSet came to."""
+
+    live: Mapping[str, Any] | None  # the DaemonSet as it now is (None: none of ours exists)
+    changed: bool = False
+    problem: tuple[str, str] | None = None  # (reason, message) for Degraded
+    failed: bool = False  # the DaemonSet does not carry what we rendered
+    retry: bool = False
+    stale: bool = False  # the DaemonSet changed or went since our cache saw it (409/404): nothing to report
 
 
 @dataclass
@@ -97,7 +144,16 @@ class _Echo:
 
 
 class Reconciler:
-    def __init__(self, view: ClusterView, api: KubeApi, metrics: OperatorMetrics, *, workers: int = 4) -> None:
+    def __init__(
+        self,
+        view: ClusterView,
+        api: KubeApi,
+        metrics: OperatorMetrics,
+        *,
+        workers: int = 4,
+        retry_base: float = RETRY_BASE,
+        retry_cap: float = RETRY_CAP,
+    ) -> None:
         self._view = view
         self._api = api
         self._metrics = metrics
@@ -108,6 +164,8 @@ class Reconciler:
         self._again: set[ConfigKey] = set()
         self._ds_echo = _Echo()
         self._status_echo = _Echo()
+        self._backoff = _Backoff(retry_base, retry_cap)
+        self._retry_timers: dict[ConfigKey, asyncio.TimerHandle] = {}
         self._resolution: dict[ConfigKey, conflict_rules.Resolution] | None = None
         self.statuses: dict[ConfigKey, Mapping[str, Any]] = {}  # last computed, for the metrics
 
@@ -159,27 +217,48 @@ class Reconciler:
     async def reconcile(self, key: ConfigKey) -> str:
         started = time.monotonic()
         try:
-            result = await self._reconcile(key)
-        except ApiException as exc:
-            log.warning("reconcile %s: API error %s %s", key, exc.status, exc.reason)
-            self._metrics.failures.labels("api_error").inc()
-            result = "failed"
-        except Exception:
-            log.exception("reconcile %s failed", key)
-            self._metrics.failures.labels("internal").inc()
-            result = "failed"
-        self._metrics.reconciles.labels(result).inc()
+            outcome = await self._reconcile(key)
+        except Exception as exc:
+            outcome = self._failed(key, exc)
+        self._schedule_retry(key, outcome.retry)
+        self._metrics.reconciles.labels(outcome.result).inc()
         self._metrics.duration.observe(time.monotonic() - started)
-        return result
+        return outcome.result
 
-    async def _reconcile(self, key: ConfigKey) -> str:
+    def _failed(self, key: ConfigKey, exc: Exception) -> _Outcome:
+        transient = is_transient(exc)
+        if isinstance(exc, ApiException) or transient:
+            log.warning("reconcile %s: API request failed: %s", key, _describe(exc))
+            self._metrics.failures.labels("api_error").inc()
+        else:
+            log.error("reconcile %s failed", key, exc_info=exc)
+            self._metrics.failures.labels("internal").inc()
+        return _Outcome("failed", retry=transient)
+
+    def _schedule_retry(self, key: ConfigKey, retry: bool) -> None:
+        """After a transient failure, reconcile the key again after its backoff; any other outcome resets it."""
+        timer = self._retry_timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        if not retry:
+            self._backoff.reset(key)
+            return
+        delay = self._backoff.next_delay(key)
+        log.info("reconcile %s again in %.1f s", key, delay)
+        self._retry_timers[key] = asyncio.get_running_loop().call_later(delay, self._retry_due, key)
+
+    def _retry_due(self, key: ConfigKey) -> None:
+        self._retry_timers.pop(key, None)
+        self.enqueue(key)
+
+    async def _reconcile(self, key: ConfigKey) -> _Outcome:
         body = self._view.config(key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Deleted: the DaemonSet goes by ownerReference garbage collection, nothing of ours to clean up.
             self.statuses.pop(key, None)
             self._ds_echo.forget(key)
             self._status_echo.forget(key)
-            return "unchanged"
+            return _Outcome("unchanged")
         meta = body["metadata"]
         generation = int(meta.get("generation", 0))
         live = self._view.daemonset(key)
@@ -188,52 +267,48 @@ class Reconciler:
         except ValidationError as exc:
             self._metrics.failures.labels("invalid_spec").inc()
             invalid = ("InvalidSpec", _validation_message(exc))
-            observed = Observed(generation, paused=True, daemonset=live, problem=invalid)
-            return await self._write_status(key, body, observed)
+            await self._write_status(key, body, Observed(generation, paused=True, daemonset=live, problem=invalid))
+            return _Outcome("failed")
         if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
-            return "unchanged"  # the cache is older than our last write; its watch event brings us back
+            return _Outcome("unchanged")  # the cache is older than our last write; its watch event brings us back
 
         resolution = self._resolve().get(key, conflict_rules.Resolution(frozenset(), ()))
-        problem: tuple[str, str] | None = None
-        config_hash = None
-        if spec.configMapRef is not None:
-            config_hash = self._view.configmap_hash(key.namespace, spec.configMapRef.name)
-            if config_hash is None:
-                problem = ("ConfigMapMissing", f"ConfigMap {key.namespace}/{spec.configMapRef.name} not found")
-                config_hash = "missing"
-        rendered = render_daemonset(
-            Owner(key, str(meta["uid"])), spec, config_hash=config_hash, excluded_nodes=resolution.excluded
-        )
-        changed = False
+        config_hash, problem = self._config_hash(key, spec, live)
+        uid = str(meta["uid"])
+        rendered = render_daemonset(Owner(key, uid), spec, config_hash=config_hash, excluded_nodes=resolution.excluded)
+        applied = _Applied(live)
         if not spec.paused:
-            try:
-                written = await self._apply_daemonset(key, rendered, live)
-            except ApiException as exc:
-                if exc.status == 409 and live is None:
-                    problem = (
-                        "DaemonSetNotOurs",
-                        f"DaemonSet {key.namespace}/{key.daemonset} exists and is not "
-                        "managed by this config: delete or rename it",
-                    )
-                    self._metrics.failures.labels("conflict").inc()
-                elif exc.status == 409:
-                    return "unchanged"  # our cache was stale: the watch event that follows brings us back
-                else:
-                    problem = ("DaemonSetRejected", f"the API server refused the DaemonSet: {_api_message(exc)}")
-                    self._metrics.failures.labels("api_error").inc()
-                written = None
-            if written is not None:
-                live, changed = written, True
+            applied = await self._apply_daemonset(key, uid, rendered, live)
+            if applied.stale:
+                # Its watch event normally brings us back; a DaemonSet the filtered watch does not show sends none.
+                return _Outcome("unchanged", retry=True)
         observed = Observed(
             generation,
             paused=spec.paused,
-            daemonset=live,
+            daemonset=applied.live,
             pod_problems=tuple(self._view.pod_problems(key)),
             conflicts=resolution.conflicts,
-            problem=problem,
+            problem=applied.problem or problem,
+            outdated=None if spec.paused else _outdated(applied, rendered),
+            yielded_nodes=len(resolution.excluded),
         )
         status_result = await self._write_status(key, body, observed)
-        return "changed" if changed or status_result == "changed" else status_result
+        if applied.failed:
+            return _Outcome("failed", retry=applied.retry)
+        return _Outcome("changed" if applied.changed or status_result == "changed" else status_result)
+
+    def _config_hash(
+        self, key: ConfigKey, spec: DevicePluginConfigSpec, live: Mapping[str, Any] | None
+    ) -> tuple[str | None, tuple[str, str] | None]:
+        """The referenced ConfigMap's content hash for the pod template, and a problem when it is missing."""
+        if spec.configMapRef is None:
+            return None, None
+        found = self._view.configmap_hash(key.namespace, spec.configMapRef.name)
+        if found is not None:
+            return found, None
+        problem = ("ConfigMapMissing", f"ConfigMap {key.namespace}/{spec.configMapRef.name} not found")
+        # Keep the hash the pods run with: a rollout now would only make pods that cannot mount their ConfigMap.
+        return _template_annotation(live, CONFIG_HASH_ANNOTATION) or "missing", problem
 
     def _resolve(self) -> dict[ConfigKey, conflict_rules.Resolution]:
         if self._resolution is None:
@@ -242,16 +317,60 @@ class Reconciler:
         return self._resolution
 
     async def _apply_daemonset(
-        self, key: ConfigKey, rendered: dict[str, Any], live: Mapping[str, Any] | None
+        self, key: ConfigKey, uid: str, rendered: dict[str, Any], live: Mapping[str, Any] | None
+    ) -> _Applied:
+        """Create or repair the DaemonSet, turning the API server's refusals into a problem to report."""
+        try:
+            if live is None:
+                return await self._create_daemonset(key, uid, rendered)
+            if _controller_uid(live) not in (None, uid):
+                return self._not_ours(key)  # e.g. left by a deleted config of the same name, until it is collected
+            written = await self._update_daemonset(key, rendered, live)
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return _Applied(live, stale=True)
+            self._metrics.failures.labels("api_error").inc()
+            if is_transient(exc):
+                message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
+                return _Applied(live, problem=("DaemonSetWriteFailed", message), failed=True, retry=True)
+            message = f"the API server refused the DaemonSet: {_api_message(exc)}"
+            return _Applied(live, problem=("DaemonSetRejected", message), failed=True)
+        return _Applied(written or live, changed=written is not None)
+
+    async def _create_daemonset(self, key: ConfigKey, uid: str, rendered: dict[str, Any]) -> _Applied:
+        affinity = rendered["spec"]["template"]["spec"].get("affinity")
+        log.info("creating DaemonSet %s/%s", key.namespace, key.daemonset, extra={"excludedNodes": _excluded(affinity)})
+        self._metrics.writes.labels("daemonset_create").inc()
+        try:
+            created = await self._write(self._ds_echo, key, None, self._api.create_daemonset(rendered))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return await self._adopt_daemonset(key, uid, rendered)
+        return _Applied(created, changed=True)
+
+    async def _adopt_daemonset(self, key: ConfigKey, uid: str, rendered: dict[str, Any]) -> _Applied:
+        """The DaemonSet exists but the (label-filtered) watch does not show it: if its controller is this config,
+        it is ours with its labels edited by hand (drift: repaired), or the watch is just late (nothing to do);
+        anyone else's is left alone."""
+        existing = await self._api.get_daemonset(key.namespace, key.daemonset)
+        if _controller_uid(existing) != uid:
+            return self._not_ours(key)
+        log.info("DaemonSet %s/%s is ours though the watch does not show it", key.namespace, key.daemonset)
+        written = await self._update_daemonset(key, rendered, existing)
+        return _Applied(written or existing, changed=written is not None)
+
+    def _not_ours(self, key: ConfigKey) -> _Applied:
+        self._metrics.failures.labels("conflict").inc()
+        message = (
+            f"DaemonSet {key.namespace}/{key.daemonset} exists and is not managed by this config: delete or rename it"
+        )
+        return _Applied(None, problem=("DaemonSetNotOurs", message), failed=True)
+
+    async def _update_daemonset(
+        self, key: ConfigKey, rendered: dict[str, Any], live: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        """Create or repair the DaemonSet; None when it already carries what we rendered (or our write is pending)."""
-        if live is None:
-            affinity = rendered["spec"]["template"]["spec"].get("affinity")
-            log.info(
-                "creating DaemonSet %s/%s", key.namespace, key.daemonset, extra={"excludedNodes": _excluded(affinity)}
-            )
-            self._metrics.writes.labels("daemonset_create").inc()
-            return await self._write(self._ds_echo, key, None, self._api.create_daemonset(rendered))
+        """Replace the DaemonSet with what we rendered; None when it already carries that."""
         drift = drifted_fields(rendered, live)
         if render_hash(live) == render_hash(rendered) and not drift:
             return None
@@ -315,6 +434,28 @@ class Reconciler:
         return result
 
 
+def _controller_uid(body: Mapping[str, Any]) -> str | None:
+    refs = (body.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(r.get("uid")) for r in refs if r.get("controller")), None)
+
+
+def _outdated(applied: _Applied, rendered: Mapping[str, Any]) -> str | None:
+    """Why the live DaemonSet does not run what this config now renders (None: it does, or there is none)."""
+    if applied.live is None:
+        return None
+    if applied.failed and applied.problem is not None:
+        return f"the DaemonSet still runs an older rendering of this config: {applied.problem[1]}"
+    if render_hash(applied.live) != render_hash(rendered):
+        return "the DaemonSet still runs an older rendering of this config: its update is pending"
+    return None
+
+
+def _template_annotation(ds: Mapping[str, Any] | None, name: str) -> str | None:
+    template_meta = ((ds or {}).get("spec") or {}).get("template", {}).get("metadata") or {}
+    value = (template_meta.get("annotations") or {}).get(name)
+    return str(value) if value is not None else None
+
+
 def _version(body: Mapping[str, Any]) -> str | None:
     value = (body.get("metadata") or {}).get("resourceVersion")
     return str(value) if value is not None else None
@@ -328,6 +469,12 @@ def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:
 def _validation_message(exc: ValidationError) -> str:
     parts = [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]]
     return "; ".join(parts)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _api_message(exc: ApiException) -> str:

@@ -51,6 +51,8 @@ class Observed:
     pod_problems: Sequence[PodProblem] = ()
     conflicts: Sequence[Conflict] = ()
     problem: tuple[str, str] | None = None  # (reason, message): something only the operator knows, e.g. a write error
+    outdated: str | None = None  # why the live DaemonSet does not run the current rendering (e.g. refused update)
+    yielded_nodes: int = 0  # nodes this config matches but leaves to older configs of its resource
 
 
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
@@ -114,6 +116,9 @@ def _conflict_view(c: Conflict) -> ConflictView:
 
 def _conditions(observed: Observed, ds_status: Mapping[str, Any]) -> list[ConditionView]:
     ready, progressing = _rollout(observed, ds_status)
+    if observed.outdated is not None and observed.daemonset is not None and not observed.paused:
+        # Its pods may all be available, but they run a spec this config no longer asks for.
+        ready = ("False", "DaemonSetOutdated", observed.outdated)
     triples: dict[Literal["Ready", "Progressing", "Degraded", "Conflict"], Triple] = {
         "Ready": ready,
         "Progressing": progressing,
@@ -152,7 +157,7 @@ def _rollout(observed: Observed, s: Mapping[str, Any]) -> tuple[Triple, Triple]:
     scheduled = int(s.get("currentNumberScheduled", 0))
     unavailable = int(s.get("numberUnavailable", 0))
     if desired == 0:
-        msg = "no node matches the nodeSelector and tolerations"
+        msg = _no_nodes_message(observed.yielded_nodes)
         return ("True", "NoNodes", msg), paused or ("False", "Complete", msg)
     if updated == desired and available == desired and unavailable == 0:
         msg = f"{available}/{desired} plugin pods available and up to date"
@@ -162,6 +167,14 @@ def _rollout(observed: Observed, s: Mapping[str, Any]) -> tuple[Triple, Triple]:
         parts.append(f"{desired - scheduled} pods not created (see the DaemonSet's events)")
     msg = ", ".join(parts)
     return ("False", "RollingOut", msg), paused or ("True", "RollingOut", msg)
+
+
+def _no_nodes_message(yielded: int) -> str:
+    if yielded == 0:
+        return "no node matches the nodeSelector and tolerations"
+    matching = "the nodeSelector and tolerations"
+    nodes = f"the node matching {matching} is" if yielded == 1 else f"all {yielded} nodes matching {matching} are"
+    return f"no node to run on: {nodes} yielded to older configs of the same resource (see the Conflict condition)"
 
 
 def _degraded(observed: Observed) -> Triple:

@@ -340,6 +340,148 @@ def test_degraded_names_the_failing_pod_and_the_cause(operator: Operator, kwok_n
     assert not live["metadata"].get("ownerReferences")
 
 
+# ---- repairs: the operator's own DaemonSet relabelled, hand-added pod-spec fields, a refused spec, a lost ConfigMap
+
+
+def test_own_daemonset_relabelled_by_hand_is_adopted_back(operator: Operator, kwok_nodes, namespace: str) -> None:
+    """The DaemonSet index is label-filtered: without `app.kubernetes.io/managed-by` (or with another
+    `deviceplane.io/config`) the operator's own DaemonSet drops out of it, so the create that follows gets 409. The
+    DaemonSet's controller ownerReference still names this config's uid: the operator adopts it back and restores
+    its labels, and the config is Ready again (not Degraded/DaemonSetNotOurs)."""
+    cluster = operator.cluster
+    t = tag()
+    label = f"e2e-lbl-{t}"
+    (node,) = kwok_nodes(1, prefix="lbl", labels={label: "yes"}, taints=[])
+    cluster.apply(dpc("lbl", namespace, f"example.com/lbl-{t}", nodeSelector={label: "yes"}))
+    wait_ready(cluster, operator, namespace, "lbl", {node})
+
+    def labels() -> dict[str, str]:
+        return dict(cluster.get_json("daemonset", "lbl-plugin", "-n", namespace)["metadata"]["labels"])
+
+    def repaired() -> bool:
+        restored = labels().get("app.kubernetes.io/managed-by") == "deviceplane-operator"
+        ours = labels().get("deviceplane.io/config") == "lbl"
+        return restored and ours and condition(cluster, namespace, "lbl", "Ready").get("status") == "True"
+
+    for edit in (["app.kubernetes.io/managed-by-"], ["deviceplane.io/config=elsewhere", "--overwrite"]):
+        cluster.kubectl("label", "daemonset", "lbl-plugin", "-n", namespace, *edit)
+        wait_for(f"the operator to undo `kubectl label {' '.join(edit)}`", repaired, procs=[operator.proc],
+                 timeout=30)  # fmt: skip
+        degraded = condition(cluster, namespace, "lbl", "Degraded")
+        assert degraded.get("status") == "False", degraded
+    delete_configs(cluster, namespace, "lbl")
+
+
+def test_hand_added_pod_spec_fields_are_reverted_and_defaults_cause_no_update(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """Pod-spec fields the operator does not render for this config (affinity, tolerations, hostNetwork) are still
+    its own: added by hand, they are removed. Then, with the real API server's defaults on the live object, more
+    reconciles of the unchanged config send no DaemonSet update at all (no update storm)."""
+    cluster = operator.cluster
+    t = tag()
+    label = f"e2e-aff-{t}"
+    (node,) = kwok_nodes(1, prefix="aff", labels={label: "yes"}, taints=[])
+    cluster.apply(dpc("aff", namespace, f"example.com/aff-{t}", nodeSelector={label: "yes"}))
+    wait_ready(cluster, operator, namespace, "aff", {node})
+    not_here = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}]}
+    added = {
+        "affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [not_here]}}
+        },
+        "tolerations": [{"operator": "Exists"}],
+        "hostNetwork": True,
+    }
+    cluster.kubectl("patch", "daemonset", "aff-plugin", "-n", namespace, "--type=merge",
+                    "-p", json.dumps({"spec": {"template": {"spec": added}}}))  # fmt: skip
+
+    def reverted() -> bool:
+        pod_spec = cluster.get_json("daemonset", "aff-plugin", "-n", namespace)["spec"]["template"]["spec"]
+        return not set(added) & set(pod_spec)
+
+    wait_for("the operator to remove the hand-added pod-spec fields", reverted, procs=[operator.proc], timeout=15)
+    wait_ready(cluster, operator, namespace, "aff", {node})
+
+    reconciles, updates = (
+        "deviceplane_operator_reconcile_total",
+        'deviceplane_operator_writes_total{kind="daemonset_update"}',
+    )
+    time.sleep(6)  # past the reconciler's echo wait: from here on every reconcile compares the settled object
+    before_reconciles, before_updates = operator.metric(reconciles), operator.metric(updates)
+    for i in range(3):  # an annotation on the config: a watch event, so a reconcile, and no spec change
+        cluster.kubectl("annotate", "dpc", "aff", "-n", namespace, f"e2e/poke={i}", "--overwrite")
+        done = before_reconciles + i + 1
+        wait_for(f"reconcile {i + 1} of the unchanged config", lambda done=done: operator.metric(reconciles) >= done,
+                 procs=[operator.proc], timeout=30)  # fmt: skip
+    assert operator.metric(updates) == before_updates, "an unchanged config's DaemonSet was updated"
+    delete_configs(cluster, namespace, "aff")
+
+
+def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """A volume named like the operator's registration volume passes the CRD's schema but the API server refuses the
+    DaemonSet (422, duplicate volume name). The old DaemonSet keeps running the previous spec, so the config must
+    not be Ready for its new generation, and the reconcile counts as failed."""
+    cluster = operator.cluster
+    t = tag()
+    label = f"e2e-rej-{t}"
+    (node,) = kwok_nodes(1, prefix="rej", labels={label: "yes"}, taints=[])
+    config = dpc("rej", namespace, f"example.com/rej-{t}", nodeSelector={label: "yes"})
+    cluster.apply(config)
+    wait_ready(cluster, operator, namespace, "rej", {node})
+    failed = 'deviceplane_operator_reconcile_total{result="failed"}'
+    failed_before = operator.metric(failed)
+
+    duplicate = [{"name": "device-plugins", "hostPath": "/tmp", "mountPath": "/mnt/tmp"}]
+    cluster.apply({**config, "spec": {**config["spec"], "volumes": duplicate}})
+    wait_for("Degraded=DaemonSetRejected",
+             lambda: condition(cluster, namespace, "rej", "Degraded").get("reason") == "DaemonSetRejected",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    ready = condition(cluster, namespace, "rej", "Ready")
+    assert ready["status"] == "False" and ready["reason"] == "DaemonSetOutdated", ready
+    assert "refused" in ready["message"], ready
+    assert operator.metric(failed) > failed_before
+
+    cluster.apply(config)  # the volume removed again: the DaemonSet matches the config, Ready once more
+    wait_for("Ready again", lambda: condition(cluster, namespace, "rej", "Ready").get("status") == "True",
+             procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
+    delete_configs(cluster, namespace, "rej")
+
+
+def test_deleting_the_configmap_does_not_roll_the_plugin(operator: Operator, kwok_nodes, namespace: str) -> None:
+    """Without its ConfigMap a new plugin pod cannot start (its volume is missing), so deleting the ConfigMap must
+    not change the pod template: the running pods stay, the status says Degraded/ConfigMapMissing. Recreating the
+    ConfigMap with the same content clears it, still without a rollout."""
+    cluster = operator.cluster
+    t = tag()
+    label = f"e2e-cm-{t}"
+    (node,) = kwok_nodes(1, prefix="cm", labels={label: "yes"}, taints=[])
+    cluster.kubectl("create", "configmap", "cm-config", "-n", namespace, "--from-literal=devices=4")
+    cluster.apply(
+        dpc("cm", namespace, f"example.com/cm-{t}", nodeSelector={label: "yes"}, configMapRef={"name": "cm-config"})
+    )
+    wait_ready(cluster, operator, namespace, "cm", {node})
+
+    def template() -> dict[str, Any]:
+        return dict(cluster.get_json("daemonset", "cm-plugin", "-n", namespace)["spec"]["template"])
+
+    before, pods = template(), pod_uids(cluster, namespace, "cm")
+    cluster.kubectl("delete", "configmap", "cm-config", "-n", namespace)
+    wait_for("Degraded=ConfigMapMissing",
+             lambda: condition(cluster, namespace, "cm", "Degraded").get("reason") == "ConfigMapMissing",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    assert template() == before, "deleting the ConfigMap changed the pod template"
+    assert pod_uids(cluster, namespace, "cm") == pods
+
+    cluster.kubectl("create", "configmap", "cm-config", "-n", namespace, "--from-literal=devices=4")
+    wait_for("Degraded to clear",
+             lambda: condition(cluster, namespace, "cm", "Degraded").get("status") == "False",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    assert template() == before and pod_uids(cluster, namespace, "cm") == pods
+    delete_configs(cluster, namespace, "cm")
+
+
 # ---- conflicts ---------------------------------------------------------------------------------------------
 
 

@@ -79,3 +79,64 @@ def test_spec_without_optional_fields_still_compares() -> None:
 def test_golden_files_exist_for_every_example() -> None:
     for name in EXAMPLE_NAMES:
         assert Path(GOLDEN / f"{name}.daemonset.apiserver.json").exists()
+
+
+# Pod-spec fields we own even when the config does not render them: added by hand, they are drift.
+HAND_ADDED = [
+    ("nodeSelector", {"kubernetes.io/hostname": "only-this-one"}),
+    ("tolerations", [{"operator": "Exists"}]),
+    ("affinity", {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}),
+    ("hostNetwork", True),
+    ("hostPID", True),
+    ("hostIPC", True),
+    ("initContainers", [{"name": "init", "image": "busybox"}]),
+    ("serviceAccountName", "powerful"),
+    ("securityContext", {"runAsUser": 0}),
+]
+
+
+@pytest.mark.parametrize(("field", "value"), HAND_ADDED, ids=[f for f, _ in HAND_ADDED])
+def test_hand_added_pod_spec_fields_we_do_not_render_are_drift(field: str, value: Any) -> None:
+    """The sim example renders neither tolerations nor affinity nor host namespaces; its DaemonSet is the real API
+    server's answer. nodeSelector is checked on a config without one."""
+    if field == "nodeSelector":
+        from deviceplane.operator.render import render_daemonset
+
+        from .helpers import owner
+
+        rendered = render_daemonset(owner("y"), spec())
+        live = copy.deepcopy(rendered)
+    else:
+        rendered, live = _pair("sim")
+        live = copy.deepcopy(live)
+    assert field not in rendered["spec"]["template"]["spec"]
+    live["spec"]["template"]["spec"][field] = value
+    assert drifted_fields(rendered, live) == [f"spec.template.spec.{field}"]
+
+
+@pytest.mark.parametrize("name", EXAMPLE_NAMES)
+def test_empty_or_false_owned_pod_fields_are_not_drift(name: str) -> None:
+    """The API server defaults the pod securityContext to {} and omits false booleans: equal to absent."""
+    rendered, live = _pair(name)
+    live = copy.deepcopy(live)
+    live["spec"]["template"]["spec"].update(hostNetwork=False, initContainers=[], serviceAccountName="")
+    assert live["spec"]["template"]["spec"]["securityContext"] == {}
+    assert drifted_fields(rendered, live) == []
+
+
+def test_a_canonicalised_divisor_is_not_drift() -> None:
+    """env valueFrom.resourceFieldRef.divisor is a quantity, canonicalised by the API server like resources."""
+    from deviceplane.operator.render import render_daemonset
+
+    from .helpers import owner
+
+    env = [{"name": "CPU_LIMIT", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0.001"}}}]
+    rendered = render_daemonset(owner("y"), spec(env=env))
+    live = copy.deepcopy(rendered)
+    divisor = live["spec"]["template"]["spec"]["containers"][0]["env"][1]["valueFrom"]["resourceFieldRef"]
+    divisor["divisor"] = "1m"
+    assert drifted_fields(rendered, live) == []
+    divisor["divisor"] = "1"
+    assert drifted_fields(rendered, live) == [
+        "spec.template.spec.containers[0].env[1].valueFrom.resourceFieldRef.divisor"
+    ]

@@ -122,3 +122,24 @@ def test_pod_problem_reads_waiting_terminated_unschedulable_and_failed() -> None
     assert pod_problem(pod(unschedulable)).reason == "Unschedulable"  # type: ignore[union-attr]
     assert pod_problem(pod({"phase": "Failed", "reason": "Evicted"})).reason == "Evicted"  # type: ignore[union-attr]
     assert pod_problem(pod({"phase": "Running"})) is None
+
+
+def test_not_ready_while_the_daemonset_runs_an_outdated_rendering() -> None:
+    """All pods available, but of a spec the config no longer asks for (its update was refused): not Ready."""
+    live = ds(1, observedGeneration=1, desiredNumberScheduled=2, updatedNumberScheduled=2, numberAvailable=2)
+    outdated = "the DaemonSet still runs an older rendering of this config: the API server refused the DaemonSet"
+    s = compute_status(Observed(2, False, live, outdated=outdated), None, NOW)
+    assert cond(s, "Ready")["status"] == "False" and cond(s, "Ready")["reason"] == "DaemonSetOutdated"
+    assert "refused" in cond(s, "Ready")["message"]
+    paused = compute_status(Observed(2, True, live, outdated=outdated), None, NOW)
+    assert cond(paused, "Ready")["reason"] != "DaemonSetOutdated"
+
+
+def test_no_nodes_names_the_nodes_yielded_to_older_configs() -> None:
+    live = ds(1, observedGeneration=1, desiredNumberScheduled=0)
+    alone = compute_status(Observed(1, False, live), None, NOW)
+    assert cond(alone, "Ready")["message"] == "no node matches the nodeSelector and tolerations"
+    yielded = compute_status(Observed(1, False, live, yielded_nodes=3), None, NOW)
+    message = cond(yielded, "Ready")["message"]
+    assert cond(yielded, "Ready")["reason"] == "NoNodes"
+    assert "3 nodes" in message and "yielded to older configs" in message and "no node matches" not in message

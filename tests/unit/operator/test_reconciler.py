@@ -1,0 +1,421 @@
+"""The reconciler against a fake watch cache and a fake API: retries of transient failures with backoff, final 4xx
+refusals, adopting its own DaemonSet back after a hand relabel, readiness while a new spec is refused, a deleted
+ConfigMap, and what reconcile_total counts.
+
+The API is a fake because the faults are ones a real API server does not produce on demand (503s, throttling,
+connection errors, a 422 for a chosen request). What the real API server does with these cases is covered in
+tests/e2e/test_operator.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from deviceplane.operator import conflicts as conflict_rules
+from deviceplane.operator.drift import drifted_fields
+from deviceplane.operator.handlers import _daemonset_key
+from deviceplane.operator.metrics import OperatorMetrics
+from deviceplane.operator.names import CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, ConfigKey
+from deviceplane.operator.reconciler import Reconciler, _Backoff, is_transient
+from deviceplane.operator.render import Owner, render_daemonset
+
+from .helpers import spec
+
+KEY = ConfigKey("plugins", "cola")
+UID = "u1"
+FAST_RETRY = 0.01  # seconds: the first backoff in these tests (the doubling and the cap are tested on _Backoff)
+
+
+def config_body(generation: int = 1, **fields: Any) -> dict[str, Any]:
+    meta = {
+        "namespace": KEY.namespace,
+        "name": KEY.name,
+        "uid": UID,
+        "generation": generation,
+        "resourceVersion": "10",
+        "creationTimestamp": "2024-01-01T00:00:00Z",
+    }
+    return {"metadata": meta, "spec": {"resourceName": "example.com/cola", "image": "img:1", **fields}, "status": {}}
+
+
+def live_daemonset(ready: bool = True, **fields: Any) -> dict[str, Any]:
+    """What the API server would hold for the config's first generation, rolled out on 2 nodes."""
+    ds = render_daemonset(Owner(KEY, UID), spec(resourceName="example.com/cola", **fields))
+    ds["metadata"].update(resourceVersion="50", generation=1, uid="ds1")
+    n = 2 if ready else 0
+    ds["status"] = {
+        "observedGeneration": 1,
+        "desiredNumberScheduled": 2,
+        "currentNumberScheduled": 2,
+        "updatedNumberScheduled": n,
+        "numberAvailable": n,
+        "numberReady": n,
+    }
+    return ds
+
+
+def api_error(status: int, message: str = "") -> ApiException:
+    exc = ApiException(status=status, reason={409: "Conflict", 422: "Unprocessable Entity"}.get(status, "Error"))
+    exc.body = json.dumps({"message": message or exc.reason})
+    return exc
+
+
+class FakeView:
+    """The watch caches: one config, its DaemonSet (None: not in the label-filtered watch), a ConfigMap hash."""
+
+    def __init__(self, body: dict[str, Any], ds: dict[str, Any] | None = None, cm_hash: str | None = None) -> None:
+        self.body, self.ds, self.cm_hash = body, ds, cm_hash
+
+    def config(self, key: ConfigKey) -> dict[str, Any] | None:
+        return self.body
+
+    def configs(self) -> list[dict[str, Any]]:
+        return [self.body]
+
+    def nodes(self) -> list[conflict_rules.NodeInfo]:
+        return [conflict_rules.NodeInfo("n1")]
+
+    def daemonset(self, key: ConfigKey) -> dict[str, Any] | None:
+        return self.ds
+
+    def pod_problems(self, key: ConfigKey) -> list[Any]:
+        return []
+
+    def configmap_hash(self, namespace: str, name: str) -> str | None:
+        return self.cm_hash
+
+
+class FakeApi:
+    """Records requests; `errors` are raised, in order, by the next DaemonSet writes. With `watch` set, a successful
+    write updates the view and tells the reconciler, as the watch events would."""
+
+    def __init__(self, view: FakeView, errors: list[Exception] | None = None) -> None:
+        self.view = view
+        self.errors = list(errors or [])
+        self.creates: list[dict[str, Any]] = []
+        self.replaces: list[dict[str, Any]] = []
+        self.gets = 0
+        self.existing: dict[str, Any] | None = None  # what a GET of the DaemonSet returns
+        self.statuses: list[dict[str, Any]] = []
+        self.watch: Reconciler | None = None
+
+    async def create_daemonset(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.creates.append(body)
+        return self._stored(body, "100")
+
+    async def replace_daemonset(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.replaces.append(body)
+        return self._stored(body, "101")
+
+    async def get_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
+        self.gets += 1
+        if self.existing is None:
+            raise api_error(404)
+        return copy.deepcopy(self.existing)
+
+    async def patch_status(self, key: ConfigKey, patch: dict[str, Any]) -> dict[str, Any]:
+        self.statuses.append(patch)
+        version = str(11 + len(self.statuses))
+        body = self.view.body
+        status = {k: v for k, v in {**body["status"], **patch}.items() if v is not None}
+        self.view.body = {**body, "status": status, "metadata": {**body["metadata"], "resourceVersion": version}}
+        if self.watch is not None:
+            self.watch.seen_config(KEY, version)
+            self.watch.enqueue(KEY)
+        return {"metadata": {"resourceVersion": version}}
+
+    def _stored(self, body: dict[str, Any], version: str) -> dict[str, Any]:
+        if self.errors:
+            raise self.errors.pop(0)
+        out = copy.deepcopy(body)
+        out["metadata"].update(resourceVersion=version, generation=1)
+        if self.watch is not None:
+            self.view.ds = out
+            self.watch.seen_daemonset(KEY, version)
+            self.watch.enqueue(KEY)
+        return out
+
+
+def conditions(api: FakeApi) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in api.view.body["status"].get("conditions", [])}
+
+
+def run_workers(reconciler: Reconciler, until: Callable[[], bool], timeout: float = 10.0) -> None:
+    """Run the reconciler's workers on the key until `until()` holds (or the timeout: then the test's asserts fail)."""
+
+    async def go() -> None:
+        task = asyncio.create_task(reconciler.run())
+        reconciler.enqueue(KEY)
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not until() and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 (polls a fake)
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(go())
+
+
+def started(view: FakeView, errors: list[Exception] | None = None) -> tuple[Reconciler, FakeApi, OperatorMetrics]:
+    api = FakeApi(view, errors)
+    metrics = OperatorMetrics()
+    reconciler = Reconciler(view, api, metrics, workers=1, retry_base=FAST_RETRY)  # type: ignore[arg-type]
+    api.watch = reconciler
+    return reconciler, api, metrics
+
+
+def once(reconciler: Reconciler) -> str:
+    async def go() -> str:
+        return await reconciler.reconcile(KEY)
+
+    return asyncio.run(go())
+
+
+def sample(metrics: OperatorMetrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+# ---- transient failures are retried with backoff; other refusals are final ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "errors",
+    [
+        [api_error(503), api_error(503), api_error(503)],
+        [api_error(429)],
+        [urllib3.exceptions.MaxRetryError(None, "/", "connection refused")],  # type: ignore[arg-type]
+        [urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out")],  # type: ignore[arg-type]
+        [ConnectionResetError("connection reset by peer")],
+    ],
+    ids=["503-three-times", "429", "connection-refused", "read-timeout", "connection-reset"],
+)
+def test_a_transient_api_failure_is_retried_until_the_daemonset_exists(errors: list[Exception]) -> None:
+    """The API server is briefly unavailable (a restart, throttling, a dropped connection): the reconciler retries
+    on its own, with no event to wake it, until the DaemonSet is created, and the status ends up clean."""
+    view = FakeView(config_body())
+    reconciler, api, metrics = started(view, errors)
+    run_workers(
+        reconciler, lambda: view.ds is not None and conditions(api).get("Degraded", {}).get("status") == "False"
+    )
+    assert view.ds is not None, f"no DaemonSet after {len(api.creates)} attempts"
+    assert len(api.creates) == len(errors) + 1
+    assert conditions(api)["Degraded"]["status"] == "False", conditions(api)["Degraded"]
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="api_error") == len(errors)
+    assert reconciler._backoff.failures == {}, "the backoff must be reset by the success"
+
+
+def test_a_transient_failure_is_reported_while_retrying() -> None:
+    """While the API server keeps answering 503, Degraded says the DaemonSet write failed and is being retried."""
+    view = FakeView(config_body())
+    reconciler, api, _ = started(view, [api_error(503)] * 100)
+    run_workers(reconciler, lambda: len(api.creates) >= 3)
+    assert len(api.creates) >= 3
+    degraded = conditions(api)["Degraded"]
+    assert degraded["reason"] == "DaemonSetWriteFailed" and "retrying" in degraded["message"], degraded
+
+
+def test_a_4xx_refusal_is_final_until_the_config_changes() -> None:
+    """422 will not pass by itself: one attempt, reported as DaemonSetRejected, no retry however long we wait; a
+    new event (the config changed) makes the next attempt."""
+    view = FakeView(config_body())
+    reconciler, api, _ = started(view, [api_error(422, "spec.template: invalid"), api_error(422, "still invalid")])
+    api.watch = None  # no watch events: only a retry could make another attempt
+
+    async def go() -> None:
+        task = asyncio.create_task(reconciler.run())
+        reconciler.enqueue(KEY)
+        await asyncio.sleep(50 * FAST_RETRY)  # several backoff periods
+        assert len(api.creates) == 1, "a 4xx refusal was retried"
+        reconciler.seen_config(KEY, "changed-by-someone")  # the config changed: its watch event
+        reconciler.enqueue(KEY)
+        await asyncio.sleep(50 * FAST_RETRY)
+        task.cancel()
+
+    asyncio.run(go())
+    assert len(api.creates) == 2
+    degraded = conditions(api)["Degraded"]
+    assert degraded["reason"] == "DaemonSetRejected" and "still invalid" in degraded["message"], degraded
+
+
+def test_backoff_doubles_per_failure_up_to_its_cap_and_resets() -> None:
+    backoff = _Backoff(base=0.5, cap=4.0)
+    assert [backoff.next_delay(KEY) for _ in range(6)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    other = ConfigKey("plugins", "other")
+    assert backoff.next_delay(other) == 0.5, "the backoff is per key"
+    backoff.reset(KEY)
+    assert backoff.next_delay(KEY) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (api_error(500), True),
+        (api_error(503), True),
+        (api_error(429), True),
+        (api_error(400), False),
+        (api_error(403), False),
+        (api_error(422), False),
+        (urllib3.exceptions.ProtocolError("connection aborted"), True),
+        (TimeoutError(), True),
+        (ValueError("a bug"), False),
+    ],
+)
+def test_what_counts_as_transient(exc: Exception, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+# ---- the operator's own DaemonSet, relabelled by hand, is adopted back ---------------------------------------------
+
+
+def test_a_409_for_our_own_relabelled_daemonset_adopts_and_repairs_it() -> None:
+    """Its managed-by label removed by hand, the DaemonSet drops out of the label-filtered watch, so the create gets
+    409. Its controller ownerReference is this config's uid: the operator replaces it with the rendered object
+    (labels restored) instead of reporting DaemonSetNotOurs."""
+    view = FakeView(config_body())
+    reconciler, api, metrics = started(view, [api_error(409)])
+    existing = live_daemonset()
+    del existing["metadata"]["labels"][MANAGED_BY_LABEL]
+    api.existing = existing
+    assert once(reconciler) == "changed"
+    (replaced,) = api.replaces
+    assert replaced["metadata"]["labels"][MANAGED_BY_LABEL] == "deviceplane-operator"
+    assert replaced["metadata"]["resourceVersion"] == "50"
+    assert conditions(api)["Degraded"]["status"] == "False", conditions(api)["Degraded"]
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="conflict") == 0
+
+
+def test_a_409_for_our_own_daemonset_the_watch_has_not_shown_yet_sends_no_write() -> None:
+    """The same 409 when the watch is merely late (nothing edited): the DaemonSet is ours and carries what we
+    render, so there is nothing to repair and nothing to report."""
+    view = FakeView(config_body())
+    reconciler, api, _ = started(view, [api_error(409)])
+    api.existing = live_daemonset()
+    once(reconciler)
+    assert api.replaces == [] and api.gets == 1
+    assert conditions(api)["Degraded"]["status"] == "False", conditions(api)["Degraded"]
+
+
+def test_a_409_for_someone_elses_daemonset_is_reported_and_left_alone() -> None:
+    view = FakeView(config_body())
+    reconciler, api, metrics = started(view, [api_error(409)])
+    foreign = live_daemonset()
+    foreign["metadata"]["ownerReferences"] = []
+    api.existing = foreign
+    assert once(reconciler) == "failed"
+    assert api.replaces == []
+    assert conditions(api)["Degraded"]["reason"] == "DaemonSetNotOurs"
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="conflict") == 1
+
+
+def test_a_daemonset_controlled_by_another_config_uid_is_not_replaced() -> None:
+    """E.g. left by a deleted config of the same name until the garbage collector removes it."""
+    old = live_daemonset()
+    old["metadata"]["ownerReferences"][0]["uid"] = "uid-of-a-deleted-config"
+    view = FakeView(config_body(), ds=old)
+    reconciler, api, _ = started(view)
+    assert once(reconciler) == "failed"
+    assert api.replaces == []
+    assert conditions(api)["Degraded"]["reason"] == "DaemonSetNotOurs"
+
+
+def test_daemonsets_are_keyed_by_their_name_not_their_editable_label() -> None:
+    ds = live_daemonset()
+    ds["metadata"]["labels"]["deviceplane.io/config"] = "elsewhere"
+    assert _daemonset_key(ds) == KEY
+    assert _daemonset_key({"metadata": {"namespace": "plugins", "name": "unrelated"}}) is None
+
+
+# ---- readiness while a new spec is refused; reconcile_total agrees with the failures -------------------------------
+
+
+def test_ready_is_false_while_the_api_server_refuses_the_new_spec() -> None:
+    """The old DaemonSet is fully available, but the config's new generation was refused (422): its pods run a
+    spec the config no longer asks for, so Ready is False with a reason saying so."""
+    view = FakeView(config_body(generation=2, image="img:2"), ds=live_daemonset())
+    reconciler, api, metrics = started(view, [api_error(422, 'DaemonSet.apps "cola-plugin" is invalid')])
+    assert once(reconciler) == "failed"
+    status = api.statuses[-1]
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert status["observedGeneration"] == 2
+    assert conds["Degraded"]["reason"] == "DaemonSetRejected"
+    assert conds["Ready"]["status"] == "False" and conds["Ready"]["reason"] == "DaemonSetOutdated", conds["Ready"]
+    assert "refused" in conds["Ready"]["message"]
+    assert sample(metrics, "deviceplane_operator_reconcile_total", result="failed") == 1
+
+
+def test_ready_holds_when_the_daemonset_carries_the_current_rendering() -> None:
+    view = FakeView(config_body(), ds=live_daemonset())
+    reconciler, api, _ = started(view)
+    once(reconciler)
+    assert api.replaces == [] and api.creates == []
+    assert conditions(api)["Ready"]["status"] == "True", conditions(api)["Ready"]
+
+
+def test_paused_config_with_an_older_daemonset_is_not_called_outdated() -> None:
+    view = FakeView(config_body(generation=2, image="img:2", paused=True), ds=live_daemonset())
+    reconciler, api, _ = started(view)
+    once(reconciler)
+    assert api.replaces == []
+    assert conditions(api)["Ready"]["reason"] != "DaemonSetOutdated"
+
+
+def test_an_invalid_spec_counts_as_a_failed_reconcile() -> None:
+    body = config_body()
+    del body["spec"]["image"]  # the CRD schema refuses this; the operator must not rely on it alone
+    reconciler, api, metrics = started(FakeView(body))
+    assert once(reconciler) == "failed"
+    assert conditions(api)["Degraded"]["reason"] == "InvalidSpec"
+    assert sample(metrics, "deviceplane_operator_reconcile_total", result="failed") == 1
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="invalid_spec") == 1
+
+
+# ---- a deleted ConfigMap does not roll the plugin ------------------------------------------------------------------
+
+
+def test_a_missing_configmap_keeps_the_running_config_hash() -> None:
+    """A pod whose ConfigMap volume is missing cannot start: while the ConfigMap is gone, the pod template keeps
+    the hash the pods run with (no rollout), and Degraded says ConfigMapMissing."""
+    ref = {"name": "cola-config"}
+    live = render_daemonset(
+        Owner(KEY, UID), spec(resourceName="example.com/cola", configMapRef=ref), config_hash="abc123"
+    )
+    live["metadata"].update(resourceVersion="50", generation=1)
+    view = FakeView(config_body(configMapRef=ref), ds=live, cm_hash=None)
+    reconciler, api, _ = started(view)
+    once(reconciler)
+    assert api.replaces == [], drifted_fields(api.replaces[0], live) if api.replaces else None
+    assert conditions(api)["Degraded"]["reason"] == "ConfigMapMissing"
+
+
+def test_a_missing_configmap_before_the_daemonset_exists_still_creates_it() -> None:
+    ref = {"name": "cola-config"}
+    reconciler, api, _ = started(FakeView(config_body(configMapRef=ref), cm_hash=None))
+    once(reconciler)
+    (created,) = api.creates
+    assert created["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == "missing"
+
+
+# ---- quantities the API server canonicalises ------------------------------------------------------------------------
+
+
+def test_a_canonicalised_divisor_causes_no_update() -> None:
+    """env valueFrom.resourceFieldRef.divisor is a quantity the API server canonicalises ("0.001" → "1m"): not
+    drift, or every reconcile would send a DaemonSet update."""
+    env = [{"name": "CPU_LIMIT", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "0.001"}}}]
+    live = live_daemonset(env=env)
+    live["spec"]["template"]["spec"]["containers"][0]["env"][1]["valueFrom"]["resourceFieldRef"]["divisor"] = "1m"
+    reconciler, api, _ = started(FakeView(config_body(env=env), ds=live))
+
+    async def three() -> None:
+        for _ in range(3):
+            await reconciler.reconcile(KEY)
+            reconciler._status_echo.forget(KEY)  # as if the watch had shown the status write
+
+    asyncio.run(three())
+    assert api.replaces == [], drifted_fields(live_daemonset(env=env), live)
