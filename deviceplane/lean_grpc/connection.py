@@ -22,7 +22,7 @@ import grpc
 
 from deviceplane.lean_grpc import frames as h2
 from deviceplane.lean_grpc.headers import HeaderDecodeError, HeaderDecoder, grpc_message
-from deviceplane.lean_grpc.status import RpcError, UnprocessedError, http_status_error, status_code
+from deviceplane.lean_grpc.status import RpcError, UnprocessedError, http_status_error, status_code, trailing_metadata
 
 log = logging.getLogger("deviceplane.lean_grpc")
 
@@ -426,7 +426,7 @@ class Connection(asyncio.BufferedProtocol):
         if code is None:
             return RpcError(grpc.StatusCode.UNKNOWN, "server closed the stream without sending grpc-status")
         if code != grpc.StatusCode.OK:
-            return RpcError(code, message)
+            return RpcError(code, message, trailing_metadata(trailers))
         if stream.buffer:
             return self._internal("server ended the stream in the middle of a message")
         if stream.future is not None and stream.response is None:

@@ -1,27 +1,46 @@
 """gRPC status as the agent sees it: `RpcError`, with grpc's own `StatusCode`s and the interface of
-`grpc.aio.AioRpcError` (`code()`, `details()`), so callers and their messages do not depend on which client made
-the call."""
+`grpc.aio.AioRpcError` (`code()`, `details()`, `trailing_metadata()`), so callers and their messages do not depend
+on which client made the call."""
 
 from __future__ import annotations
+
+import base64
+import binascii
+import re
 
 import grpc
 
 CODES: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
+Metadata = tuple[tuple[str, str | bytes], ...]  # as grpc gives it to an application: "-bin" values as bytes
+
+# What the transport says in a trailer block, not the server's metadata (grpc-status-details-bin is metadata: it is
+# how a grpc server's application sends a rich status).
+_TRANSPORT_FIELDS = frozenset(
+    {"content-type", "te", "grpc-status", "grpc-message", "grpc-encoding", "grpc-accept-encoding", "grpc-timeout"}
+)
+_LEGAL_NAME = re.compile(r"[0-9a-z_.\-]+")  # gRPC's metadata key characters
+_LEGAL_TEXT = re.compile(r"[\x20-\x7e]*")  # an ASCII value (printable, space included)
+
 
 class RpcError(Exception):
     """A call that ended without a response: the peer's status, or what the client saw (deadline, transport)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata: Metadata = ()) -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self._trailing_metadata = trailing_metadata
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+    def trailing_metadata(self) -> Metadata:
+        """The server's trailing metadata (grpc-status-details-bin included); empty when the client ended the call."""
+        return self._trailing_metadata
 
     def go_text(self) -> str:
         """The error as grpc-go's status error prints it, which is what the kubelet puts in its own messages."""
@@ -35,6 +54,24 @@ class UnprocessedError(RpcError):
 
     def __init__(self, details: str) -> None:
         super().__init__(grpc.StatusCode.UNAVAILABLE, details)
+
+
+def trailing_metadata(trailers: tuple[tuple[str, str], ...]) -> Metadata:
+    """The server's metadata in a trailer block (latin-1 text, as decoded): what grpc would hand an application, and
+    could send on. "-bin" values are base64 (padding optional) and become bytes; a field grpc would refuse to send
+    (a bad name, a text value that is not ASCII, a "-bin" value that is not base64) is left out."""
+    metadata: list[tuple[str, str | bytes]] = []
+    for name, value in trailers:
+        if name.startswith(":") or name in _TRANSPORT_FIELDS or not _LEGAL_NAME.fullmatch(name):
+            continue
+        if name.endswith("-bin"):
+            try:
+                metadata.append((name, base64.b64decode(value + "=" * (-len(value) % 4), validate=True)))
+            except (binascii.Error, ValueError):
+                continue
+        elif _LEGAL_TEXT.fullmatch(value):
+            metadata.append((name, value))
+    return tuple(metadata)
 
 
 def status_code(value: str) -> grpc.StatusCode:

@@ -406,6 +406,43 @@ def test_plugin_restart_keeps_the_kubelets_endpoint(kubelet_harness, deviceplane
     ]  # the other three, allocated via the new plugin
 
 
+def start_sim_version(procs: Procs, plugin_dir: Path, *flags: str) -> tuple[Proc, str]:
+    """The sim plugin (2 devices) as one version of an upgraded plugin; the process and its control URL."""
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "deviceplane", "plugin", "sim", "--resource", SIM, "--count", "2", "--numa", "0",
+        "--plugin-dir", str(plugin_dir), "--control", f"127.0.0.1:{port}", *flags,
+    ]  # fmt: skip
+    return procs.start("deviceplane-plugin-sim", argv, cwd=REPO), f"http://127.0.0.1:{port}"
+
+
+def pre_starts_after_upgrade(h: Harness, procs: Procs, plugin_dir: Path, watched: list[Proc]) -> int:
+    """Run a plugin without PreStartContainer, replace it by a version (same socket) that asks for it, admit a pod:
+    how many PreStartContainer calls the new version got."""
+    first, _ = start_sim_version(procs, plugin_dir, "--no-pre-start")
+    wait_for("version 1 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, first])
+    procs.stop(first)
+    wait_for("version 1 gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
+    second, control = start_sim_version(procs, plugin_dir)
+    wait_for("version 2 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, second])
+    admit_app(h, "after-upgrade", SIM, 1)
+    return int(http_json(control + "/calls")["counts"].get("PreStartContainer", 0))
+
+
+def test_plugin_upgraded_with_new_options_gets_them_to_the_kubelet_as_direct(
+    kubelet_harness, deviceplane_agent, procs, short_tmp
+) -> None:
+    """The kubelet asks a plugin's options only when it registers. A plugin upgraded in place to a version that needs
+    PreStartContainer gets it called both ways: registered directly (it registers again itself), and behind the
+    proxy (the agent registers the endpoint again when the plugin's options changed)."""
+    direct = kubelet_harness(short_tmp("kha"))
+    assert pre_starts_after_upgrade(direct, procs, direct.socket_dir, [direct.proc]) == 1
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    assert pre_starts_after_upgrade(proxied, procs, agent.plugin_dir, [proxied.proc, agent.proc]) == 1
+
+
 # ---- the harness's PodResources server (the kubelet's own) -------------------------------------------------------
 
 

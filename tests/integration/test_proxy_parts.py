@@ -1,21 +1,25 @@
-"""Proxy mode's pieces on their own: the kubelet-facing feed, the PodResources join, the plugin record (fuzzed), and
-endpoint naming. Real files and real asyncio; no processes."""
+"""Proxy mode's pieces on their own: the kubelet-facing feed, the PodResources join, the plugin record (fuzzed),
+endpoint naming and socket identity, and which of a plugin's error trailers are forwarded. Real files, sockets and
+asyncio; no processes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplane.agent.proxy.endpoint import MAX_SOCKET_PATH, endpoint_name
+from deviceplane.agent.proxy.endpoint import MAX_SOCKET_PATH, endpoint_name, socket_identity
 from deviceplane.agent.proxy.feed import SnapshotFeed, all_unhealthy
 from deviceplane.agent.proxy.ownership import Ownership, kubelet_view
 from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.podresources.v1 import api_pb2 as pr
+from deviceplane.lean_grpc.status import trailing_metadata
 from tests.support.plugins import short_tmpdir
 
 
@@ -193,3 +197,39 @@ def test_all_unhealthy_keeps_ids_and_topology_as_they_were() -> None:
     assert dimmed.devices[0].topology == original.devices[0].topology
     assert not dimmed.devices[1].HasField("topology")
     assert original.devices[0].health == "Healthy"  # the plugin's message is not touched
+
+
+def test_socket_identity_survives_metadata_changes_not_replacement() -> None:
+    with short_tmpdir() as tmp:
+        path = tmp / "proxy.sock"
+        first = socket.socket(socket.AF_UNIX)
+        second = socket.socket(socket.AF_UNIX)
+        try:
+            first.bind(str(path))
+            identity = socket_identity(path)
+            os.chmod(path, 0o600)  # changes the ctime only
+            assert socket_identity(path) == identity
+            path.unlink()
+            keep = tmp / "keep"  # holds the old inode, so the new socket cannot reuse its number
+            keep.touch()
+            second.bind(str(path))
+            assert socket_identity(path) not in (None, identity)
+        finally:
+            first.close()
+            second.close()
+
+
+def test_trailing_metadata_keeps_what_grpc_would_send_on() -> None:
+    details = b"\x08\x09\x12\x04boom"
+    trailers = (
+        (":status", "200"),
+        ("content-type", "application/grpc"),
+        ("grpc-status", "9"),
+        ("grpc-message", "boom"),
+        ("grpc-status-details-bin", "CAkSBGJvb20"),  # base64 of `details`, unpadded (as grpc sends it)
+        ("x-reason", "no capacity"),
+        ("x-latin", "caf\xe9"),  # not ASCII: grpc would refuse to send it
+        ("x-broken-bin", "not base64!"),
+        ("X-Upper", "bad name"),
+    )
+    assert trailing_metadata(trailers) == (("grpc-status-details-bin", details), ("x-reason", "no capacity"))

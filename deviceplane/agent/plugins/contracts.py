@@ -77,7 +77,13 @@ class PluginConnection(PluginRpc, Protocol):
         """Follow ListAndWatch until it ends (then `on_end(reason)`) or the connection is closed."""
         ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Stop the stream and close the connection now: calls in flight fail."""
+        ...
+
+    async def close_after_calls(self, limit: float) -> None:
+        """Stop the stream now; close once the calls in flight have ended, or after `limit` seconds."""
+        ...
 
 
 PluginConnector = Callable[[str, str], PluginConnection]  # (resource, socket path) -> a not yet dialled connection

@@ -17,6 +17,7 @@ from deviceplane.agent.plugins.contracts import (
     RegistrationError,
 )
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.checkpoint import CheckpointData
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS
 from deviceplane.core.registry import AlreadyConnectedError, Device, DeviceRegistry, SnapshotResult
@@ -24,6 +25,11 @@ from deviceplane.core.registry import AlreadyConnectedError, Device, DeviceRegis
 log = logging.getLogger("deviceplane.agent.plugins.manager")
 
 EXPIRE_INTERVAL_SECONDS = 1.0
+# How long a connection replaced by its plugin's re-registration on the same socket stays open for the calls still in
+# flight on it: the kubelet never cancels them on re-registration, so neither do we; bounded, so a call that never ends
+# cannot keep the old connection open forever. 30 s is the longest deadline the kubelet gives a plugin call
+# (PreStartContainer; it sets none for Allocate).
+REPLACED_CONNECTION_DRAIN_SECONDS = 30.0
 
 ClientKey = tuple[str, str]  # (resource, socket path)
 
@@ -53,6 +59,8 @@ class DeviceManager:
         self._wall_clock = wall_clock  # registration times as shown
         self._clients: dict[ClientKey, PluginConnection] = {}
         self._connecting: set[ClientKey] = set()
+        self._provisional: set[ClientKey] = set()  # connections made without the plugin's registration
+        self._draining: set[asyncio.Task[None]] = set()  # replaced connections closing after their calls in flight
 
     # -- lifecycle --------------------------------------------------------------------------------------------------
 
@@ -63,6 +71,7 @@ class DeviceManager:
 
     async def stop(self) -> None:
         """Disconnect every plugin (their resources turn unhealthy, as upstream Stop) and flush the checkpoint."""
+        await cancel_and_wait(self._draining)  # replaced connections close now, their calls in flight fail
         for (resource, socket_path), client in list(self._clients.items()):
             await client.close()
             self._clients.pop((resource, socket_path), None)
@@ -72,9 +81,15 @@ class DeviceManager:
 
     # -- registration -----------------------------------------------------------------------------------------------
 
-    async def register(self, resource: str, socket_path: str) -> None:
-        """Connect to a plugin that registered (kubelet connectClient + PluginConnected, spec §4.2 step 4-5)."""
+    async def register(self, resource: str, socket_path: str, *, provisional: bool = False) -> None:
+        """Connect to a plugin that registered (kubelet connectClient + PluginConnected, spec §4.2 step 4-5).
+
+        `provisional`: the agent connects on its own, to the socket a plugin had before the agent restarted (proxy
+        mode's recovery). That socket may serve another resource by now, which a plugin's stream cannot tell: when a
+        plugin registers the socket for another resource, the provisional connection is dropped."""
         key = (resource, socket_path)
+        if not provisional:
+            await self._drop_provisional(socket_path, keep=resource)
         if key in self._connecting:
             raise RegistrationError(f"device plugin already connecting for resource {resource} at socket {socket_path}")
         self._connecting.add(key)
@@ -86,7 +101,7 @@ class DeviceManager:
                 raise RegistrationError(str(err)) from err
             old = self._clients.pop(key, None)
             if old is not None:
-                await old.close()
+                self._drain(old)
                 self._registry.plugin_reconnected(resource, socket_path, options, self._clock(), self._wall_clock())
             else:
                 try:
@@ -94,6 +109,10 @@ class DeviceManager:
                 except AlreadyConnectedError as err:  # defensive: registry and clients disagree
                     raise RegistrationError(str(err)) from err
             self._clients[key] = client
+            if provisional:
+                self._provisional.add(key)
+            else:
+                self._provisional.discard(key)  # confirmed by the plugin's own registration
         except BaseException:
             await client.close()
             raise
@@ -109,7 +128,28 @@ class DeviceManager:
         # first: the kubelet races its ListAndWatch goroutine against the answer, it never waits for either.
         await asyncio.sleep(0)
 
+    def _drain(self, old: PluginConnection) -> None:
+        """A connection its plugin replaced by registering again on the same socket: its stream stops at once (the
+        new connection's stream is the one that counts), its calls in flight finish, then it closes."""
+        closing = old.close_after_calls(REPLACED_CONNECTION_DRAIN_SECONDS)
+        task = asyncio.create_task(closing, name="drain a replaced plugin connection")
+        self._draining.add(task)
+        task.add_done_callback(self._drained)
+
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        self._draining.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("closing a replaced plugin connection failed", exc_info=task.exception())
+
+    async def _drop_provisional(self, socket_path: str, keep: str) -> None:
+        """A plugin registered `socket_path` for `keep`: a provisional connection to it for another resource is
+        wrong, and disconnected as if its plugin went away."""
+        for resource, path in [k for k in self._provisional if k[1] == socket_path and k[0] != keep]:
+            self._provisional.discard((resource, path))
+            await self.deregister(resource, path, f"its socket now serves {keep}")
+
     async def deregister(self, resource: str, socket_path: str, reason: str) -> bool:
+        self._provisional.discard((resource, socket_path))
         client = self._clients.pop((resource, socket_path), None)
         if client is None:
             return False
@@ -144,6 +184,7 @@ class DeviceManager:
         if self._clients.get((resource, socket_path)) is not client:
             return
         del self._clients[(resource, socket_path)]
+        self._provisional.discard((resource, socket_path))
         await client.close()
         self._disconnected(resource, socket_path, reason)
 

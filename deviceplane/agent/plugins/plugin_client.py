@@ -5,6 +5,7 @@ kubelet's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -52,6 +53,8 @@ class PluginClient:
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
         self._logged: set[tuple[Device, str]] = set()  # snapshot problems already logged
+        self._calls = 0  # unary calls in flight
+        self._idle: asyncio.Event | None = None  # set when the last call in flight ends, once closing waits for it
 
     async def connect(self, timeout: float) -> PluginOptions:
         """Dial (blocking, with the kubelet's 10 s timeout) and call GetDevicePluginOptions, under one deadline.
@@ -148,7 +151,7 @@ class PluginClient:
         await self._call("PreStartContainer", request, pb.PreStartContainerResponse, timeout)
 
     async def _call(self, method: str, request: Message, reply: type[M], timeout: float | None) -> M:
-        return parse(reply, await self._channel.unary(SERVICE + method, request.SerializeToString(), timeout))
+        return parse(reply, await self.call_raw(method, request.SerializeToString(), timeout))
 
     @property
     def closed(self) -> bool:
@@ -157,12 +160,34 @@ class PluginClient:
     async def call_raw(self, method: str, request: bytes, timeout: float | None) -> bytes:
         """One unary DevicePlugin RPC (e.g. "Allocate") with request and response as wire bytes, so a proxy forwards
         exactly what it got. Raises RpcError with the plugin's status."""
-        return await self._channel.unary(SERVICE + method, request, timeout)
+        self._calls += 1
+        try:
+            return await self._channel.unary(SERVICE + method, request, timeout)
+        finally:
+            self._calls -= 1
+            if self._calls == 0 and self._idle is not None:
+                self._idle.set()
 
     async def close(self) -> None:
-        """Stop the stream (without reporting it as a disconnect) and close the channel."""
+        """Stop the stream (without reporting it as a disconnect) and close the channel: calls in flight fail."""
         self._closed = True
+        await self._stop_stream()
+        await self._channel.close()
+
+    async def close_after_calls(self, limit: float) -> None:
+        """Stop the stream now (without reporting it as a disconnect); close the channel once the unary calls in
+        flight have ended, or after `limit` seconds (those left then fail), or when cancelled."""
+        self._closed = True
+        try:
+            await self._stop_stream()
+            if self._calls:
+                self._idle = asyncio.Event()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._idle.wait(), limit)
+        finally:
+            await self._channel.close()
+
+    async def _stop_stream(self) -> None:
         task, self._stream_task = self._stream_task, None
         if task is not None and task is not asyncio.current_task():
             await cancel_and_wait([task])
-        await self._channel.close()

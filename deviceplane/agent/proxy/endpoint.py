@@ -20,15 +20,28 @@ log = logging.getLogger("deviceplane.agent.proxy")
 
 SOCKET_PREFIX = "deviceplane-proxy-"
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, NUL included
-SocketIdentity = tuple[int, int]  # (inode, ctime): a re-created socket differs
+SocketIdentity = tuple[int, ...]
 
 
 def socket_identity(path: Path) -> SocketIdentity | None:
+    """Our proxy socket's identity, (device, inode): only we create a socket at its path, so a new inode means the
+    socket was replaced. Not the ctime: chmod, chown or touch change it, and the socket is still ours."""
     try:
         info = os.stat(path)
     except OSError:
         return None
-    return info.st_ino, info.st_ctime_ns
+    return info.st_dev, info.st_ino
+
+
+def kubelet_socket_identity(path: Path) -> SocketIdentity | None:
+    """kubelet.sock's identity, (device, inode, ctime): the kubelet deletes its socket and creates it again at once
+    when it starts, and the new one may get the old inode number. A metadata change of it costs one needless
+    registration at most."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_ctime_ns
 
 
 def endpoint_name(resource: str, directory: Path) -> str:
@@ -68,15 +81,16 @@ class ProxyEndpoint:
         self._handler = handler
         self._server: grpc.aio.Server | None = None
         self._identity: SocketIdentity | None = None
-        # The kubelet.sock (identity) this endpoint is registered with; None until registered, and after re-serving.
-        self._registered_with: SocketIdentity | None = None
+        # The kubelet.sock (identity) this endpoint is registered with, and the options it was registered with (the
+        # kubelet asks for them only then); None until registered, and after re-serving.
+        self._registered_with: tuple[SocketIdentity, PluginOptions] | None = None
 
     @property
     def serving(self) -> bool:
         return self._server is not None
 
-    def registered_with(self, kubelet: SocketIdentity) -> bool:
-        return self._registered_with == kubelet
+    def registered_with(self, kubelet: SocketIdentity, options: PluginOptions) -> bool:
+        return self._registered_with == (kubelet, options)
 
     async def ensure_serving(self) -> bool:
         """Serve on the socket; when the socket is gone or replaced (the kubelet deletes every socket in its
@@ -99,7 +113,9 @@ class ProxyEndpoint:
         self, kubelet_socket: Path, kubelet: SocketIdentity, options: PluginOptions, timeout: float
     ) -> None:
         """RegisterRequest to the kubelet (whose socket has identity `kubelet`) with the plugin's own options; the
-        kubelet dials back within the call."""
+        kubelet dials back within the call, and asks the options. Registering again is the kubelet's ordinary
+        re-registration: it replaces its client for the resource (it keeps the old one's ListAndWatch open)."""
+        serving = self._server
         request = pb.RegisterRequest(
             version=VERSION,
             endpoint=self.name,
@@ -110,7 +126,8 @@ class ProxyEndpoint:
             f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]
         ) as channel:
             await registration_stub(channel).Register(request, timeout=timeout)
-        self._registered_with = kubelet
+        if self._server is serving:  # served anew meanwhile: the kubelet may have lost this registration
+            self._registered_with = (kubelet, options)
 
     async def _stop_server(self) -> None:
         if self._server is not None:

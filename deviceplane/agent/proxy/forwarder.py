@@ -1,8 +1,9 @@
 """The DevicePlugin service a proxy endpoint serves to the kubelet, for one resource.
 
 Unary RPCs go to the resource's primary plugin connection as wire bytes: same request, and the same response or the
-same gRPC status code and details. The kubelet's deadline, if it set one, travels with the call (it has none for
-Allocate and GetPreferredAllocation, 30 s for PreStartContainer). ListAndWatch streams the resource's feed.
+same gRPC status code, details and trailing metadata. The kubelet's deadline, if it set one, travels with the call
+(it has none for Allocate and GetPreferredAllocation, 30 s for PreStartContainer). ListAndWatch streams the
+resource's feed.
 """
 
 from __future__ import annotations
@@ -88,6 +89,8 @@ class ResourceForwarder:
             response = await client.call_raw(method, request, context.time_remaining())
         except RpcError as err:
             self._record(method, request, time.perf_counter() - start, err.code(), True)
+            # The plugin's trailers too: a rich status (grpc-status-details-bin) reaches the kubelet as sent.
+            context.set_trailing_metadata(err.trailing_metadata())
             await context.abort(err.code(), err.details() or "")
         # Recorded (metrics, the ownership join) on the loop's next turn: grpc sends the response as soon as this
         # returns, so the bookkeeping is off the kubelet's critical path.

@@ -5,8 +5,9 @@ restart, and the counting of forwarded Allocate calls."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 
@@ -28,6 +29,12 @@ _RESULTS = {
     grpc.StatusCode.OK: AllocationResult.SUCCESS,
     grpc.StatusCode.DEADLINE_EXCEEDED: AllocationResult.TIMEOUT,
 }
+
+
+class Register(Protocol):
+    """The device manager's registration (DeviceManager.register)."""
+
+    def __call__(self, resource: str, socket_path: str, *, provisional: bool = False) -> Awaitable[None]: ...
 
 
 class ProxyMode:
@@ -53,13 +60,20 @@ class ProxyMode:
         self._service.on_device_event(event)
         self._record.save(self._service.connected_plugins())
 
-    async def recover(self, register: Callable[[str, str], Awaitable[None]]) -> list[str]:
+    async def recover(self, register: Register) -> list[str]:
         """At start, instead of removing every socket: keep and re-dial the recorded plugins (the other stale
-        sockets, and stale proxy endpoints, are removed). Returns the removed socket names."""
+        sockets, and stale proxy endpoints, are removed). Returns the removed socket names.
+
+        The connections are provisional: a recorded socket may serve another resource by now, and a plugin that
+        registers it for another resource ends the recovered one."""
         recorded = self._record.load()
         removed = remove_stale_sockets(self._plugin_dir, keep=set(recorded.values()))
         removed += self._service.remove_stale_endpoints()
-        back = await reconnect(recorded, register)
+
+        async def register_provisionally(resource: str, socket_path: str) -> None:
+            await register(resource, socket_path, provisional=True)
+
+        back = await reconnect(recorded, register_provisionally)
         if recorded:
             log.info("reconnected recorded plugins", extra={"resources": back, "recorded": sorted(recorded)})
         return removed

@@ -3,7 +3,9 @@
 A plugin only re-registers when it sees `kubelet.sock` re-created, and some take their time (the upstream stub
 retries its restart every 10 s). So the agent records which plugin socket serves which resource, keeps those sockets
 at start (it removes every other stale socket, as the kubelet does), and dials them itself. Their later
-re-registration is an ordinary reconnect on the same socket.
+re-registration is an ordinary reconnect on the same socket. A recovered connection is provisional: the socket may
+serve another resource's plugin by now (nothing in the plugin's stream names its resource), so a plugin registering
+that socket for another resource disconnects the recovered one (DeviceManager.register).
 """
 
 from __future__ import annotations

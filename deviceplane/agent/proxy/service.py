@@ -5,6 +5,8 @@ kept registered with the kubelet across restarts on every side, and the kubelet'
   proxy socket and kubelet.sock have new identities), serves the socket again and registers every resource.
 - Plugin restart: the plugin re-registers with the agent; its new connection becomes the resource's primary and
   its first message replaces the old one in the feed. The kubelet's stream never ends, so it never disconnects.
+  When the new plugin's options differ (e.g. it now needs PreStartContainer), the endpoint is registered again:
+  the kubelet asks a plugin's options only when it registers.
 - Agent restart: stale proxy sockets are removed; plugins re-register (the agent re-created its kubelet.sock), and
   each resource is proxied and registered again. The kubelet's checkpoint keeps what it allocated.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import weakref
@@ -24,9 +27,15 @@ import grpc
 from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.plugins.plugin_client import PluginClient
-from deviceplane.agent.proxy.endpoint import ProxyEndpoint, SocketIdentity, remove_stale_endpoints, socket_identity
+from deviceplane.agent.proxy.endpoint import (
+    ProxyEndpoint,
+    SocketIdentity,
+    kubelet_socket_identity,
+    remove_stale_endpoints,
+)
 from deviceplane.agent.proxy.feed import SnapshotFeed
 from deviceplane.agent.proxy.forwarder import ForwardedCall, ResourceForwarder
+from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.constants import KUBELET_SOCKET_NAME
 from deviceplane.core.registry import DeviceRegistry, PluginOptions
@@ -95,6 +104,7 @@ class ProxyService:
         self._feeds: dict[str, SnapshotFeed] = {}
         self._endpoints: dict[str, ProxyEndpoint] = {}
         self._retry_at: dict[str, float] = {}
+        self._registering: dict[str, asyncio.Task[None]] = {}  # at most one registration in flight per resource
         self._errors: dict[str, tuple[str, str]] = {}  # the last failure logged per resource
 
     # -- what the kubelet sees ----------------------------------------------------------------------------------------
@@ -147,13 +157,17 @@ class ProxyService:
             await self._drop(name)
 
     async def run(self) -> None:
-        """Runs until cancelled: keeps every wanted endpoint served and registered with the kubelet."""
-        while True:
-            try:
-                await self.reconcile()
-            except Exception:  # one bad tick must not end proxying
-                log.exception("proxy reconcile failed")
-            await asyncio.sleep(TICK_SECONDS)
+        """Runs until cancelled: keeps every wanted endpoint served and registered with the kubelet. The
+        registrations it starts end with it (a supervisor's restart starts them again)."""
+        try:
+            while True:
+                try:
+                    await self.reconcile()
+                except Exception:  # one bad tick must not end proxying
+                    log.exception("proxy reconcile failed")
+                await asyncio.sleep(TICK_SECONDS)
+        finally:
+            await cancel_and_wait(self._registering.values())
 
     async def reconcile(self) -> None:
         wanted = self._wanted()
@@ -172,28 +186,54 @@ class ProxyService:
                 self._failed(name, "cannot serve the proxy endpoint", str(err))
                 continue
             self._show(name)
-        kubelet = socket_identity(self._kubelet_socket)
+        kubelet = kubelet_socket_identity(self._kubelet_socket)
         if kubelet is None:
             return  # the kubelet is not (yet) serving; its socket's appearance triggers registration
-        due = [
-            (name, endpoint)
-            for name, endpoint in self._endpoints.items()
-            if endpoint.serving
-            and not endpoint.registered_with(kubelet)
-            and self._clock() >= self._retry_at.get(name, 0.0)
-        ]
-        # Concurrently: one resource the kubelet is slow to accept does not hold up the others.
-        await asyncio.gather(*(self._register(name, endpoint, kubelet) for name, endpoint in due))
-
-    async def _register(self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity) -> None:
-        try:
+        for name, endpoint in self._endpoints.items():
             options = self.options(name) or PluginOptions()
+            if self._registration_due(name, endpoint, kubelet, options):
+                self._start_registration(name, endpoint, kubelet, options)
+
+    def _registration_due(
+        self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity, options: PluginOptions
+    ) -> bool:
+        """Served, not registered with this kubelet.sock and these options, none in flight, not waiting to retry."""
+        return (
+            endpoint.serving
+            and name not in self._registering
+            and not endpoint.registered_with(kubelet, options)
+            and self._clock() >= self._retry_at.get(name, 0.0)
+        )
+
+    def _start_registration(
+        self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity, options: PluginOptions
+    ) -> None:
+        """In a task of its own: a tick never waits for the kubelet, so a registration that hangs (the kubelet asks
+        the plugin's options without a deadline) holds up no other resource."""
+        task = asyncio.create_task(self._register(name, endpoint, kubelet, options), name=f"proxy-register {name}")
+        self._registering[name] = task
+        task.add_done_callback(functools.partial(self._registration_ended, name))
+
+    def _registration_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        if self._registering.get(name) is task:
+            del self._registering[name]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:  # the kubelet's errors are handled in _register: this is a bug, seen and retried
+            log.error("registration with the kubelet crashed", extra={"resource": name}, exc_info=error)
+            self._failed(name, "registration with the kubelet crashed", repr(error))
+
+    async def _register(
+        self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity, options: PluginOptions
+    ) -> None:
+        try:
             await endpoint.register(self._kubelet_socket, kubelet, options, self._register_timeout)
         except grpc.aio.AioRpcError as err:
             self._failed(name, "registration with the kubelet failed", f"{err.code().name}: {err.details()}")
             return
         self._errors.pop(name, None)
-        log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name})
+        log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name, "options": options})
 
     def _failed(self, name: str, what: str, error: str) -> None:
         """Retry later; log once per distinct failure (a missing kubelet must not flood the log every tick)."""
@@ -213,6 +253,9 @@ class ProxyService:
         if feed is not None:
             feed.close()
         endpoint = self._endpoints.pop(name, None)
+        registering = self._registering.pop(name, None)
+        if registering is not None:
+            await cancel_and_wait([registering])
         self._retry_at.pop(name, None)
         self._errors.pop(name, None)
         if endpoint is not None:
