@@ -159,11 +159,16 @@ class Supervisor:
         """Run the task once; returns why it stopped (it is always a failure: these tasks run forever)."""
         try:
             await supervised.factory()
-        except asyncio.CancelledError:
-            if not supervised.fault_pending:
-                raise
-            supervised.fault_pending = False
-            return _failed(supervised.name, InjectedFault("fault injected"))
+        except asyncio.CancelledError as err:
+            if supervised.fault_pending:
+                supervised.fault_pending = False
+                return _failed(supervised.name, InjectedFault("fault injected"))
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # stopped by the supervisor
+            # A CancelledError nobody asked this task for (a call cancelled under it, say): a failure like any other,
+            # or the task would end unseen, never restarted nor reported down.
+            return _failed(supervised.name, err)
         except Exception as err:
             return _failed(supervised.name, err)
         log.error("supervised task ended; restarting it", extra={"task": supervised.name})

@@ -81,3 +81,26 @@ async def test_ending_counts_as_failure_and_stop_does_not() -> None:
     assert restarts(registry, "forever") == 1.0
     with pytest.raises(ValueError, match="already supervised"):
         supervisor.add("short", short)
+
+
+async def test_a_stray_cancellation_inside_a_task_is_a_failure_not_a_silent_end() -> None:
+    """A task that ends with a CancelledError the supervisor did not cause (a future cancelled under it, as a call
+    cancelled by its closing channel) must be seen, counted and restarted like any failure: re-raising it ended the
+    supervision silently, with nothing down in /readyz."""
+    registry = CollectorRegistry()
+    supervisor = Supervisor(registry, initial_backoff=0.05, max_backoff=0.05)
+    runs = 0
+
+    async def task() -> None:
+        nonlocal runs
+        runs += 1
+        doomed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_later(0.01, doomed.cancel)
+        await doomed
+
+    supervisor.add("worker", task)
+    supervisor.start()
+    await until(lambda: runs >= 3)
+    assert restarts(registry, "worker") >= 2.0
+    await supervisor.stop()
+    assert supervisor.problem() is None
