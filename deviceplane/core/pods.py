@@ -250,7 +250,7 @@ def stable_uid(obj: Mapping[str, Any], node_name: str, source: str) -> str:
     canonical = json.dumps(_json_shaped(obj), sort_keys=True, separators=(",", ":"), default=str)
     digest.update(canonical.encode())
     digest.update(f"host:{node_name}".encode())
-    digest.update(f"file:{source}".encode())
+    digest.update(f"file:{source}".encode(errors="surrogateescape"))  # a file name's own bytes, UTF-8 or not
     return digest.hexdigest()[:32]
 
 

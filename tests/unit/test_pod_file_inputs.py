@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from deviceplane.agent.admission.pod_source import StaticPodDirectory, load_manifest
@@ -94,3 +95,32 @@ async def test_source_reports_the_bad_file_and_keeps_reading(tmp_path: Path) -> 
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_file_name_that_is_not_utf8_is_a_pod_and_the_watch_goes_on(tmp_path: Path) -> None:
+    """The kubelet reads a static pod whatever bytes its file name holds. watchfiles cannot report such a name and
+    failed the watch, which ended unseen; the pod's UID could not be made either (the name did not encode)."""
+    source = StaticPodDirectory(tmp_path, "node", rescan_interval=0.3)
+    sink = Sink()
+    task = asyncio.create_task(source.run(sink))
+    try:
+        await asyncio.wait_for(sink.synced_once.wait(), 5)
+        (tmp_path / os.fsdecode(b"caf\xe9.yaml")).write_text(GOOD.replace("good", "odd"))
+        await _until(lambda: "caf\udce9.yaml" in sink.pods)
+        assert not sink.errors
+        # The watch was set up again: changes are seen by it, not only by the next rescans.
+        (tmp_path / "later.yaml").write_text(GOOD.replace("good", "later"))
+        await _until(lambda: "later.yaml" in sink.pods)
+        watches = [t for t in asyncio.all_tasks() if t.get_name() == "pod-dir-watch"]
+        assert len(watches) == 1 and not watches[0].done()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _until(check, within: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(int(within / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("timed out")

@@ -125,8 +125,16 @@ class StaticPodDirectory:
             await cancel_and_wait([watcher])
 
     async def _watch(self, sink: PodSink) -> None:
-        async for _changes in awatch(self.directory, debounce=50, step=10, recursive=False, watch_filter=None):
-            await self._rescan(sink)
+        """Rescan at every change. A watch that fails (watchfiles cannot report a file name that is not UTF-8, say)
+        is logged and set up again after one rescan interval, which the periodic rescan covers meanwhile: it used
+        to end without a word, leaving only the rescan."""
+        while True:
+            try:
+                async for _changes in awatch(self.directory, debounce=50, step=10, recursive=False, watch_filter=None):
+                    await self._rescan(sink)
+            except Exception:
+                log.exception("pod directory watch failed; watching again", extra={"directory": str(self.directory)})
+            await asyncio.sleep(self.rescan_interval)
 
     async def _rescan(self, sink: PodSink) -> None:
         """Report what changed since the last look; unchanged files (same inode, size, mtime) are not re-read.
