@@ -190,6 +190,8 @@ def test_whole_quantities_in_every_notation(text: str, count: int) -> None:
         ("e3", "invalid quantity"),
         ("1K", "invalid quantity"),
         ("1 k", "invalid quantity"),
+        ("\uff12", "invalid quantity"),  # a full-width 2: a digit to str.isdigit, not to Go
+        ("\u00b2", "invalid quantity"),  # superscript 2, likewise
     ],
 )
 def test_quantities_that_are_not_counts_are_refused(text: str, message: str) -> None:
