@@ -5,6 +5,8 @@ Decisions (also in the README):
 - regular files only (symlinks to regular files count); directories, sockets and dangling links are ignored;
 - a file the plugin cannot read is still a device: the plugin never reads it, the container runtime bind-mounts it
   as root; a warning names it once, so an operator can tell;
+- a file whose name is not valid UTF-8 is skipped, with a warning once: device ids are protobuf strings, so it cannot
+  be offered, and it must not stop the plugin from offering the others;
 - the directory is watched (inotify), re-listed on every change: creating or removing a file updates the device list
   within a fraction of a second.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 from deviceplane.aio import cancel_and_wait
 from deviceplane.plugin.models import Allocation, Device, Mount
 from deviceplane.plugin.plugin import DevicePlugin
+from deviceplane.plugin.supervise import keep_running
 from deviceplane.plugin.watch import dir_changes
 
 log = logging.getLogger("deviceplane.plugin.files")
@@ -39,23 +42,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def list_devices(directory: Path, warned: set[str]) -> list[Device]:
-    """The devices `directory` holds right now, sorted by id; `warned`: unreadable files already reported."""
+    """The devices `directory` holds right now, sorted by id.
+
+    `warned`: names already warned about (unreadable, not UTF-8), kept to the names present so that a file which
+    comes back is reported again.
+    """
     devices = []
+    present = set()
     with os.scandir(directory) as entries:
         for entry in entries:
-            if entry.name.startswith("."):
+            present.add(entry.name)
+            if entry.name.startswith(".") or not _is_regular_file(entry):
                 continue
-            try:
-                if not entry.is_file():  # follows symlinks: a link to a regular file counts
-                    continue
-            except OSError:
+            if not _is_utf8(entry.name):
+                _warn_once(warned, entry.name, "%r: the name is not valid UTF-8; not offered", os.fsencode(entry.path))
                 continue
-            if entry.name not in warned and not os.access(entry.path, os.R_OK):
-                warned.add(entry.name)
-                log.warning("%s is not readable by the plugin; it is still offered as a device", entry.path)
+            if not os.access(entry.path, os.R_OK):
+                _warn_once(
+                    warned, entry.name, "%s is not readable by the plugin; it is still offered as a device", entry.path
+                )
             devices.append(Device(entry.name))
+    warned.intersection_update(present)
     devices.sort(key=lambda d: d.id)
     return devices
+
+
+def _is_regular_file(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_file()  # follows symlinks: a link to a regular file counts
+    except OSError:
+        return False
+
+
+def _is_utf8(name: str) -> bool:
+    # os.scandir decodes undecodable bytes to lone surrogates, which protobuf cannot encode.
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _warn_once(warned: set[str], name: str, message: str, *args: object) -> None:
+    if name not in warned:
+        warned.add(name)
+        log.warning(message, *args)
 
 
 class FilesPlugin:
@@ -97,12 +128,11 @@ class FilesPlugin:
         except OSError as err:  # the directory itself went away: no devices until it is back
             log.warning("cannot list %s: %s", self.directory, err.strerror)
             devices = []
-        self._warned.intersection_update(d.id for d in devices)
         self.plugin.set_devices(devices)
 
     async def serve(self) -> None:
         stop = threading.Event()
-        watcher = asyncio.create_task(self._watch(stop))
+        watcher = asyncio.create_task(keep_running(f"{self.directory} watch", lambda: self._watch(stop)))
         try:
             await self.plugin.serve()
         finally:
@@ -111,7 +141,10 @@ class FilesPlugin:
 
     async def _watch(self, stop: threading.Event) -> None:
         async for _ in dir_changes(self.directory, stop):
-            self.rescan()  # a re-list, not event bookkeeping: cannot drift from the directory
+            try:
+                self.rescan()  # a re-list, not event bookkeeping: cannot drift from the directory
+            except Exception:  # one failed rescan must not end the watch: the next change or tick retries
+                log.exception("rescanning %s failed", self.directory)
 
 
 async def main(args: argparse.Namespace) -> int:

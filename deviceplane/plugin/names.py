@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 
 # The same rule the agent applies on Register: one implementation, so plugin and agent can never disagree.
 from deviceplane.core.names import is_extended_resource_name
@@ -28,7 +29,9 @@ def check_resource_name(name: str) -> None:
 MAX_SOCKET_PATH = 107
 
 
-def socket_file_name(resource: str, suffix: str | None = None) -> str:
-    """`<sanitised resource>-<pid>.sock`: readable in `ls`, unique per process, never a path separator."""
+def socket_file_name(resource: str, token: str | None = None) -> str:
+    """`<sanitised resource>-<pid>-<token>.sock`: readable in `ls`, never a path separator, and unique per plugin
+    instance - the pid alone is not: in containers plugins are usually pid 1, and two of them (a DaemonSet surge
+    rollout) would take each other's socket. `token` defaults to a fresh random one."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", resource)
-    return f"{safe}-{suffix or os.getpid()}.sock"
+    return f"{safe}-{os.getpid()}-{token or secrets.token_hex(4)}.sock"

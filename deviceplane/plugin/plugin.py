@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
+import secrets
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from deviceplane.plugin.names import MAX_SOCKET_PATH, check_resource_name, socke
 from deviceplane.plugin.registration import register
 from deviceplane.plugin.service import Hooks, build_server
 from deviceplane.plugin.signals import stop_on_signals
+from deviceplane.plugin.supervise import keep_running
 from deviceplane.plugin.watch import dir_changes
 
 log = logging.getLogger("deviceplane.plugin")
@@ -37,24 +38,34 @@ REGISTRY_DIR_ENV = "DEVICEPLANE_REGISTRY_DIR"
 RETRY_INITIAL = 0.1
 RETRY_MAX = 5.0
 
-_instance_numbers = itertools.count()
-
-SocketIdentity = tuple[int, int, int]
+SocketIdentity = tuple[int, ...]
 
 
 class PluginError(Exception):
     """The plugin cannot start: a message for humans, no traceback needed."""
 
 
-def socket_identity(path: Path) -> SocketIdentity | None:
-    """Tells a re-created socket from the old one at the same path (inode numbers alone may be reused)."""
+def _socket_stat(path: Path) -> os.stat_result | None:
     try:
         info = os.stat(path)
     except OSError:
         return None
-    if not stat.S_ISSOCK(info.st_mode):
-        return None
-    return (info.st_dev, info.st_ino, info.st_ctime_ns)
+    return info if stat.S_ISSOCK(info.st_mode) else None
+
+
+def socket_identity(path: Path) -> SocketIdentity | None:
+    """Our own socket: the same file as long as the inode is. Not ctime: a chmod/chown/touch or an SELinux relabel
+    changes it, and must not restart the server (cutting the kubelet's stream)."""
+    info = _socket_stat(path)
+    return None if info is None else (info.st_dev, info.st_ino)
+
+
+def kubelet_socket_identity(path: Path) -> SocketIdentity | None:
+    """kubelet.sock: the kubelet deletes and re-creates it on every restart, and the new one may reuse the inode
+    number, so ctime is part of it. A metadata change then costs a redundant registration; a missed restart would
+    leave the plugin unregistered."""
+    info = _socket_stat(path)
+    return None if info is None else (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
 class DevicePlugin:
@@ -90,13 +101,13 @@ class DevicePlugin:
         self.plugin_dir = Path(plugin_dir or os.environ.get(PLUGIN_DIR_ENV) or DEFAULT_PLUGIN_DIR).absolute()
         registry = registry_dir or os.environ.get(REGISTRY_DIR_ENV)
         self.registry_dir = Path(registry).absolute() if registry else None
-        # The first instance in a process gets socket_file_name's plain pid suffix; later ones add their number.
-        number = next(_instance_numbers)
-        name = socket_file_name(resource, f"{os.getpid()}-{number}" if number else None)
-        self.socket_path = (self.registry_dir or self.plugin_dir) / name
+        self.socket_path = (self.registry_dir or self.plugin_dir) / socket_file_name(resource)
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
+        # stop() before serve() has set up its loop: remembered here, honoured by the next serve().
+        self._stop_lock = threading.RLock()  # re-entrant: stop() may run in a signal handler
+        self._stop_early = False
         self._server: grpc.aio.Server | None = None
         self._serving: SocketIdentity | None = None
         self._watch_stop = threading.Event()
@@ -127,10 +138,13 @@ class DevicePlugin:
             raise RuntimeError("DevicePlugin.run() blocks; inside asyncio code use `await plugin.serve()`")
 
     def stop(self) -> None:
-        """Ask `serve()` to return (safe from any thread and from signal handlers)."""
-        loop, requested = self._loop, self._stop_requested
-        if loop is None or requested is None or loop.is_closed():
-            return
+        """Ask `serve()` to return (safe from any thread and from signal handlers); before `serve()` runs, it makes
+        the next `serve()` return at once."""
+        with self._stop_lock:
+            loop, requested = self._loop, self._stop_requested
+            if loop is None or requested is None or loop.is_closed():
+                self._stop_early = True
+                return
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
@@ -150,8 +164,12 @@ class DevicePlugin:
         if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
             raise PluginError(f"socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes")
         self._prepare_directory(self.socket_path.parent)
-        self._loop = asyncio.get_running_loop()
-        self._stop_requested = asyncio.Event()
+        with self._stop_lock:
+            self._loop = asyncio.get_running_loop()
+            self._stop_requested = asyncio.Event()
+            if self._stop_early:
+                self._stop_early = False
+                self._stop_requested.set()
         self._need_register = asyncio.Event()
         self._registered_with = None
         self._watch_stop.clear()
@@ -160,22 +178,23 @@ class DevicePlugin:
         signals = stop_on_signals(self.stop) if handle_signals else contextlib.nullcontext()
         try:
             with signals:
+                if self._stop_requested.is_set():
+                    return  # stop() came before serve(): nothing to serve
                 await self._start_server()
-                tasks.append(asyncio.create_task(self._watch(), name=f"{self.resource} watch"))
+                tasks.append(self._supervised("watch", self._watch))
                 if self.registry_dir is None:
                     self._need_register.set()
-                    tasks.append(asyncio.create_task(self._register_loop(), name=f"{self.resource} register"))
+                    tasks.append(self._supervised("register", self._register_loop))
                 else:
                     log.info("%s: serving on %s for the kubelet's plugin watcher", self.resource, self.socket_path)
-                stopped = asyncio.create_task(self._stop_requested.wait())
-                workers = list(tasks)
-                tasks.append(stopped)
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    if task in workers:
-                        task.result()  # a background task only ends by crashing: surface it
+                await self._stop_requested.wait()
         finally:
             await self._shutdown(tasks)
+
+    def _supervised(self, what: str, factory: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        # A failing task is logged and restarted: it neither ends the plugin nor leaves it half-working.
+        name = f"{self.resource} {what}"
+        return asyncio.create_task(keep_running(name, factory), name=name)
 
     async def _shutdown(self, tasks: list[asyncio.Task[Any]]) -> None:
         self._watch_stop.set()  # before cancelling: lets the watcher's thread return promptly
@@ -206,26 +225,50 @@ class DevicePlugin:
             log.error("%s: registration rejected: %s", self.resource, error)
 
     async def _start_server(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()  # a stale socket from an earlier process with our pid
+        # Bound under a hidden staging name, then hard-linked into place: gRPC unlinks the path it bound when it
+        # stops, and that must never be our public path, which by then may be another process's socket.
+        staging = self.socket_path.with_name(f".{secrets.token_hex(4)}.sock")
         server = build_server(self._devices, self._hooks, self.resource, self._on_registration_status)
         try:
-            bound = server.add_insecure_port(f"unix:{self.socket_path}")
+            bound = server.add_insecure_port(f"unix:{staging}")
         except RuntimeError:
             bound = 0
         if not bound:
-            raise PluginError(f"cannot listen on {self.socket_path}")
+            raise PluginError(f"cannot listen on {staging}")
         await server.start()
         self._server = server
+        try:
+            self._publish(staging)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                staging.unlink()
         self._serving = socket_identity(self.socket_path)
         log.info("%s: serving DevicePlugin on %s", self.resource, self.socket_path)
+
+    def _publish(self, staging: Path) -> None:
+        """Link the socket at `socket_path`, or at a new name if something is there: never replace a file."""
+        while True:
+            try:
+                os.link(staging, self.socket_path)
+                return
+            except FileExistsError:
+                self._take_new_socket_name()
+            except OSError as err:
+                raise PluginError(f"cannot create {self.socket_path}: {err.strerror}") from None
+
+    def _take_new_socket_name(self) -> None:
+        # Ours is removed when we stop, so whatever is at our path belongs to someone else (a plugin that took the
+        # name, or a stale file). Taking the path back would make both plugins cut the kubelet's stream in turn.
+        old = self.socket_path
+        self.socket_path = old.with_name(socket_file_name(self.resource))
+        log.warning("%s: %s is taken by someone else; serving on %s instead", self.resource, old, self.socket_path)
 
     async def _stop_server(self) -> None:
         server, self._server = self._server, None
         if server is not None:
             # Brief grace so in-flight Allocate calls complete; streams were already ended by DeviceSet.close().
             await server.stop(grace=0.5)
-        # gRPC unlinks its socket on stop; make sure, but never remove a socket someone else created there since.
+        # gRPC only unlinked the staging name: remove our socket, but never one someone else created there since.
         if self._serving is not None and socket_identity(self.socket_path) == self._serving:
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
@@ -243,11 +286,11 @@ class DevicePlugin:
 
     async def _check(self, changes: set[tuple[Change, str]]) -> None:
         """React to a batch of directory changes (or a quiet tick) by comparing state, not just trusting events."""
-        if self._server is None or socket_identity(self.socket_path) != self._serving:
-            # The kubelet deletes every socket in its directory when it restarts (spec §1.4).
+        current = socket_identity(self.socket_path)
+        if self._server is None or self._serving is None or current != self._serving:
             if self._server is not None:
-                log.warning("%s: %s was removed; serving again", self.resource, self.socket_path)
-                await self._stop_server()
+                self._log_socket_lost(current)
+                await self._stop_server()  # leaves another process's socket alone
             try:
                 self._prepare_directory(self.socket_path.parent)  # it may have been removed with the socket
                 await self._start_server()
@@ -258,18 +301,35 @@ class DevicePlugin:
             self._need_register.set()
         if self.registry_dir is not None:
             return
-        kubelet = socket_identity(self._kubelet_socket)
+        kubelet = kubelet_socket_identity(self._kubelet_socket)
         recreated = (Change.added, KUBELET_SOCKET_NAME) in changes
         if kubelet is not None and (recreated or (not self._register_in_flight and kubelet != self._registered_with)):
             self._need_register.set()
 
+    def _log_socket_lost(self, current: SocketIdentity | None) -> None:
+        if current is None:
+            # The kubelet deletes every socket in its directory when it restarts (spec §1.4).
+            log.warning("%s: %s was removed; serving again", self.resource, self.socket_path)
+        else:
+            log.warning(
+                "%s: %s was replaced by another process's socket; leaving it to that process",
+                self.resource,
+                self.socket_path,
+            )
+
     async def _register_loop(self) -> None:
+        try:
+            await self._register_until_cancelled()
+        finally:
+            self._register_in_flight = False  # a crashed run must not stop the watcher from asking again
+
+    async def _register_until_cancelled(self) -> None:
         delay = RETRY_INITIAL
         last_error = ""
         while True:
             await self._need_register.wait()
             self._need_register.clear()
-            target = socket_identity(self._kubelet_socket)
+            target = kubelet_socket_identity(self._kubelet_socket)
             self._register_in_flight = True
             try:
                 if target is None:

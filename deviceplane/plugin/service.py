@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -54,15 +55,16 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
     async def Allocate(self, request: pb.AllocateRequest, context: Context) -> pb.AllocateResponse:
         known = self._devices.current.by_id
-        response = pb.AllocateResponse()
-        for container in request.container_requests:
-            ids = list(container.devices_ids)
-            # Checked here so hooks can trust their input; the wording is the kubelet sample plugin's.
+        requested = [list(container.devices_ids) for container in request.container_requests]
+        # Every container's ids are checked before any hook runs: a refused request has no side effects, and hooks
+        # can trust their input. The wording is the kubelet sample plugin's.
+        for ids in requested:
             for device_id in ids:
                 if device_id not in known:
                     await abort(context, f"invalid allocation request with non-existing device {device_id}")
-            part = await self._allocate_one(ids, context)
-            response.container_responses.append(part)
+        response = pb.AllocateResponse()
+        for ids in requested:
+            response.container_responses.append(await self._allocate_one(ids, context))
         return response
 
     async def _allocate_one(self, ids: list[str], context: Context) -> pb.ContainerAllocateResponse:
@@ -92,14 +94,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     list(container.must_include_deviceIDs),
                     int(container.allocation_size),
                 )
-                try:
-                    chosen = [str(device_id) for device_id in result]
-                except TypeError:
-                    await abort(
-                        context,
-                        f"get_preferred_allocation: hook returned {type(result).__name__}, "
-                        "expected a list of device ids",
-                    )
+                chosen = await _device_ids(result, context)
             response.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return response
 
@@ -109,6 +104,20 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         if self._hooks.pre_start_container is not None:
             await call_hook("pre_start_container", self._hooks.pre_start_container, context, list(request.devices_ids))
         return pb.PreStartContainerResponse()
+
+
+async def _device_ids(result: Any, context: Context) -> list[str]:
+    """A preferred-allocation hook's answer as ids. A lone str (or bytes) is refused rather than iterated, which
+    would make each character an id: returning "gpu-1" for ["gpu-1"] is an easy slip, better reported."""
+    if not isinstance(result, (str, bytes)):
+        try:
+            return [str(device_id) for device_id in result]
+        except TypeError:
+            pass
+    await abort(
+        context,
+        f"get_preferred_allocation: hook returned {type(result).__name__}, expected a list of device ids",
+    )
 
 
 class RegistrationService(reg_pb_grpc.RegistrationServicer):

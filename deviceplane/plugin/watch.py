@@ -39,6 +39,23 @@ def _identity(directory: Path) -> tuple[int, int] | None:
     return (info.st_dev, info.st_ino)
 
 
+def _recoverable(err: BaseException) -> bool:
+    """Errors a new watch gets past: the directory removed while the watch was being set up, or watchfiles failing
+    on one event - e.g. a file name that is not valid UTF-8, which it raises wrapped in an ExceptionGroup."""
+    if isinstance(err, BaseExceptionGroup):
+        _, rest = err.split((OSError, RuntimeError))
+        return rest is None
+    return isinstance(err, (OSError, RuntimeError))
+
+
+def _log_watch_error(directory: Path, err: BaseException, reported: set[str]) -> None:
+    # A warning once per distinct problem (a bad name stays until removed), debug after: no log flood.
+    message = "; ".join(str(e) for e in err.exceptions) if isinstance(err, BaseExceptionGroup) else str(err)
+    level = logging.DEBUG if message in reported else logging.WARNING
+    reported.add(message)
+    log.log(level, "watching %s: %s; watching it anew", directory, message)
+
+
 async def dir_changes(
     directory: Path, stop: threading.Event, tick: float = 2.0
 ) -> AsyncIterator[set[tuple[Change, str]]]:
@@ -47,6 +64,7 @@ async def dir_changes(
     `stop` must be set before the consuming task is cancelled: watchfiles waits in a worker thread that only
     notices `stop`, so cancelling without it would wait up to `tick` seconds.
     """
+    reported: set[str] = set()
     while not stop.is_set():
         watched = _identity(directory)
         if watched is None:
@@ -89,6 +107,8 @@ async def dir_changes(
                             await pending
         except StopAsyncIteration:  # `stop` was set
             return
-        except (OSError, RuntimeError) as err:  # e.g. removed while the watch was being set up
-            log.debug("watching %s: %s", directory, err)
-            await asyncio.sleep(MISSING_RECHECK)
+        except (OSError, RuntimeError, ExceptionGroup) as err:
+            if not _recoverable(err):
+                raise
+            _log_watch_error(directory, err, reported)
+            await asyncio.sleep(MISSING_RECHECK)  # then watch anew; its first empty batch makes the caller re-read

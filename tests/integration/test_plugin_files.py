@@ -136,3 +136,38 @@ async def test_directory_removed_and_recreated(setup):
     cola.mkdir()
     (cola / "b").touch()
     await wait_until(lambda: connection.latest == {"b": ("Healthy", ())}, within=2, what="directory back")
+
+
+def write_non_utf8_file(directory: Path) -> None:
+    """A file named b"caf\\xe9": Latin-1 "café", as an older tool may write it - not valid UTF-8."""
+    with open(os.path.join(os.fsencode(directory), b"caf\xe9"), "w") as file:
+        file.write("x")
+
+
+async def test_non_utf8_name_present_at_start_is_skipped(setup):
+    """Device ids are protobuf strings: such a name made the plugin exit at start. It is skipped with a warning and
+    the other files are served."""
+    tmp, kubelet, started = setup
+    (tmp / "cola" / "a").write_text("a")
+    write_non_utf8_file(tmp / "cola")
+    proc = start_files(tmp, started)
+    connection = await registered(kubelet)
+    assert connection.latest == {"a": ("Healthy", ())}
+    assert proc.proc.poll() is None
+    assert "caf\\xe9" in proc.stderr and "not valid UTF-8" in proc.stderr
+
+
+async def test_non_utf8_name_appearing_later_does_not_stop_updates(setup):
+    """Created while the plugin runs, such a name ended its directory watch: no update was sent after it. Later
+    changes still arrive, and the warning is given once however many rescans see the file."""
+    tmp, kubelet, started = setup
+    cola = tmp / "cola"
+    (cola / "a").write_text("a")
+    proc = start_files(tmp, started)
+    connection = await registered(kubelet)
+    write_non_utf8_file(cola)
+    (cola / "b").write_text("b")
+    await wait_until(lambda: set(connection.latest) == {"a", "b"}, within=5, what="a change after the odd name")
+    (cola / "c").write_text("c")
+    await wait_until(lambda: set(connection.latest) == {"a", "b", "c"}, within=5, what="a second change")
+    assert proc.stderr.count("not valid UTF-8") == 1, proc.stderr

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +18,7 @@ import pytest
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from tests.support.plugins import FakeKubelet, FakePluginWatcher, PluginProcess, wait_until
+from tests.support.procs import ROOT, child_env
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ async def test_registers_with_kubelet_sock_after_serving(short_tmp, kubelet, pro
     assert request.version == "v1beta1"
     # Relative endpoint: a bare file name next to kubelet.sock, and the plugin was already serving on it.
     assert "/" not in request.endpoint and (short_tmp / "dp" / request.endpoint).is_socket()
-    assert request.endpoint == f"example.com_sim-{proc.proc.pid}.sock"
+    assert re.fullmatch(rf"example\.com_sim-{proc.proc.pid}-[0-9a-f]{{8}}\.sock", request.endpoint), request.endpoint
     assert connection.options == pb.DevicePluginOptions(
         pre_start_required=True, get_preferred_allocation_available=True
     )
@@ -229,3 +233,47 @@ async def test_survives_its_directory_being_removed_and_recreated(short_tmp, kub
         assert proc.proc.poll() is None
     finally:
         await fake.stop()
+
+
+def can_make_pid_namespaces() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-p", "-f", "--mount-proc", "true"], capture_output=True, timeout=10)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not can_make_pid_namespaces(), reason="needs unshare and the right to create pid namespaces")
+async def test_two_pid1_plugins_of_one_resource_do_not_fight(short_tmp, kubelet):
+    """Two plugin containers of one resource on a node (a DaemonSet surge rollout): both processes are pid 1. The
+    socket was named `<resource>-<pid>.sock`, so they deleted each other's socket and re-registered ~3 times a second
+    forever, cutting the kubelet's stream each time. Each instance has a name of its own now."""
+    cmd = ["unshare", "-p", "-f", "--mount-proc", sys.executable, "-m", "deviceplane", "plugin", "sim"]
+    cmd += ["--plugin-dir", str(short_tmp / "dp"), "--count", "2"]
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                env=child_env(),
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # unshare forks: the whole group is killed at the end
+            )
+        )
+
+    try:
+        start()
+        await wait_until(lambda: len(kubelet.requests) == 1, within=15, what="first registration")
+        start()
+        await wait_until(lambda: len(kubelet.requests) == 2, within=15, what="second registration")
+        await asyncio.sleep(3)  # past the plugins' 2 s safety tick: any fight would show as more registrations
+        assert len(kubelet.requests) == 2, [r.endpoint for r in kubelet.requests]
+        endpoints = [r.endpoint for r in kubelet.requests]
+        assert len(set(endpoints)) == 2 and all(e.startswith("example.com_sim-1-") for e in endpoints), endpoints
+        assert all((short_tmp / "dp" / e).is_socket() for e in endpoints)
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -171,3 +171,35 @@ async def test_stop_from_another_thread(tmp_kubelet, spawn):
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0 and "both stopped" in output, output
+
+
+BLOCKING_HOOK_PLUGIN = """
+import threading
+from deviceplane.plugin import Device, DevicePlugin
+
+def allocate(ids):  # a plain hook that never returns (plain hooks run in a thread of their own: they may block)
+    threading.Event().wait()
+
+DevicePlugin("example.com/blk", [Device("d0")], allocate=allocate).run()
+print("stopped", flush=True)
+"""
+
+
+async def test_sigterm_ends_the_process_while_a_plain_hook_blocks(tmp_kubelet, spawn):
+    """asyncio.to_thread's default executor is waited for at exit: a hook blocked for good kept the process alive
+    after SIGTERM, forever. Its thread is abandoned now, after the socket is removed."""
+    tmp, kubelet = tmp_kubelet
+    script = tmp / "blocking_plugin.py"
+    script.write_text(BLOCKING_HOOK_PLUGIN)
+    proc = spawn(script, tmp)
+    connection = await wait_until(lambda: kubelet.latest("example.com/blk"), within=15, what="registration")
+    with pytest.raises(grpc.aio.AioRpcError) as timed_out:
+        await connection.stub.Allocate(allocate("d0"), timeout=1)  # the kubelet gives up; the hook stays blocked
+    assert timed_out.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    proc.send_signal(signal.SIGTERM)
+    try:
+        output, _ = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the plugin was still running 20 s after SIGTERM") from None
+    assert proc.returncode == 0 and "stopped" in output, output
+    assert [p.name for p in (tmp / "dp").iterdir() if p.name != "kubelet.sock"] == []

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -42,5 +43,12 @@ def test_invalid(name):
 
 
 def test_socket_file_name_is_a_safe_single_component():
-    assert socket_file_name("example.com/gpu") == f"example.com_gpu-{os.getpid()}.sock"
-    assert socket_file_name("a/b", "7") == "a_b-7.sock"
+    assert socket_file_name("a/b", "7") == f"a_b-{os.getpid()}-7.sock"
+    name = socket_file_name("example.com/gpu")
+    assert re.fullmatch(rf"example\.com_gpu-{os.getpid()}-[0-9a-f]{{8}}\.sock", name), name
+
+
+def test_socket_file_name_is_unique_per_instance_not_per_pid():
+    """In containers plugins are usually pid 1: two of them (a DaemonSet surge rollout) shared a name and deleted
+    each other's socket. A random token tells instances apart; the `<resource>-<pid>-` prefix stays readable."""
+    assert len({socket_file_name("example.com/gpu") for _ in range(100)}) == 100
