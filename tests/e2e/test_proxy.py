@@ -416,15 +416,21 @@ def start_sim_version(procs: Procs, plugin_dir: Path, *flags: str) -> tuple[Proc
     return procs.start("deviceplane-plugin-sim", argv, cwd=REPO), f"http://127.0.0.1:{port}"
 
 
-def pre_starts_after_upgrade(h: Harness, procs: Procs, plugin_dir: Path, watched: list[Proc]) -> int:
+def pre_starts_after_upgrade(
+    h: Harness, procs: Procs, plugin_dir: Path, watched: list[Proc], registered: Callable[[], int] | None = None
+) -> int:
     """Run a plugin without PreStartContainer, replace it by a version (same socket) that asks for it, admit a pod:
-    how many PreStartContainer calls the new version got."""
+    how many PreStartContainer calls the new version got. `registered`: how many registrations with the kubelet the
+    proxy has made; the new version's devices reach the kubelet on its open stream before the proxy registers again
+    with the new options, so the admission waits for that second registration."""
     first, _ = start_sim_version(procs, plugin_dir, "--no-pre-start")
     wait_for("version 1 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, first])
     procs.stop(first)
     wait_for("version 1 gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
     second, control = start_sim_version(procs, plugin_dir)
     wait_for("version 2 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, second])
+    if registered is not None:
+        wait_for("registered again with the new options", lambda: registered() == 2, procs=[*watched, second])
     admit_app(h, "after-upgrade", SIM, 1)
     return int(http_json(control + "/calls")["counts"].get("PreStartContainer", 0))
 
@@ -440,7 +446,8 @@ def test_plugin_upgraded_with_new_options_gets_them_to_the_kubelet_as_direct(
     kubelet_dir, pod_resources = kubelet_side(short_tmp)
     proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
     agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
-    assert pre_starts_after_upgrade(proxied, procs, agent.plugin_dir, [proxied.proc, agent.proc]) == 1
+    registrations = lambda: agent.proc.log.read_text(errors="replace").count("registered with the kubelet")  # noqa: E731
+    assert pre_starts_after_upgrade(proxied, procs, agent.plugin_dir, [proxied.proc, agent.proc], registrations) == 1
 
 
 # ---- the harness's PodResources server (the kubelet's own) -------------------------------------------------------
