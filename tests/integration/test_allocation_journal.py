@@ -70,9 +70,10 @@ async def test_rotation_keeps_later_records_and_drops_covered_segments(tmp_path:
     journal.replay(PodDevices())
     journal.open()
     await journal.append(alloc_record(alloc("p1", "d1")))
-    covered = journal.rotate()
+    rotation = journal.rotate()
+    covered = rotation.covered
     await journal.append(alloc_record(alloc("p2", "d2")))
-    await journal.wait_closed(covered)
+    await rotation.switched
     journal.delete_upto(covered)
     await journal.close()
     assert all(seq > covered for seq, _ in list_segments(tmp_path))
@@ -160,8 +161,8 @@ async def test_record_buffered_while_the_segment_fills_never_truncates_it(tmp_pa
     late = journal.append(alloc_record(alloc("late", "d-late")))  # buffered for the segment being filled
     journal.gate.set()
     await asyncio.gather(*filling, late)
-    covered = journal.rotate()
-    await asyncio.wait_for(journal.wait_closed(covered), 5)
+    rotation = journal.rotate()
+    await asyncio.wait_for(rotation.switched, 5)
     await journal.close()
     pods = replayed(tmp_path).pods()
     assert {f"p{i}" for i in range(30)} | {f"q{i}" for i in range(10)} | {"late"} <= set(pods)
@@ -287,9 +288,10 @@ async def test_after_a_slow_write_appends_go_to_the_writer_thread_and_keep_their
 async def test_rotation_and_close_come_after_the_appends_of_their_step(tmp_path: Path) -> None:
     journal = open_journal(Journal(tmp_path))
     before = journal.append(alloc_record(alloc("p1", "d1")))
-    covered = journal.rotate()  # p1's record belongs to the segments the rotation covers
+    rotation = journal.rotate()  # p1's record belongs to the segments the rotation covers
+    covered = rotation.covered
     after = journal.append(alloc_record(alloc("p2", "d2")))
-    await asyncio.wait_for(asyncio.gather(before, after, journal.wait_closed(covered)), 10)
+    await asyncio.wait_for(asyncio.gather(before, after, rotation.switched), 10)
     segments = list_segments(tmp_path)
     assert [r["pod"] for seq, path in segments if seq <= covered for r in read_segment(path).records] == ["p1"]
     assert [r["pod"] for seq, path in segments if seq > covered for r in read_segment(path).records] == ["p2"]

@@ -129,26 +129,38 @@ class AllocationStore:
     # -- background checkpoint -----------------------------------------------------------------------------------------
 
     async def run_checkpoints(self) -> None:
-        """The background checkpoint loop, until cancelled (the agent runs it supervised)."""
+        """The background checkpoint loop, until cancelled (the agent runs it supervised).
+
+        A checkpoint that fails (its write, or the journal rotation under it: a full disk) is logged and raised,
+        so the supervisor reports and counts it as this task failing (`/readyz`, the task restarts metric) and
+        runs it again after its backoff; the journal still holds every record meanwhile, and the retry finds the
+        state dirty."""
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            started = time.monotonic()
             try:
                 await self.checkpoint_now()
-            except Exception as err:  # logged by the writer too; the journal still holds everything
-                log.warning("background checkpoint failed: %s", err)
-            cost = time.monotonic() - started
-            self.last_checkpoint_seconds = cost
-            await asyncio.sleep(max(MIN_CHECKPOINT_INTERVAL_SECONDS, cost * CHECKPOINT_PACING))
+            except Exception as err:
+                self._dirty.set()
+                log.error("background checkpoint failed; retried after the task's backoff: %s", err)
+                raise
+            await asyncio.sleep(max(MIN_CHECKPOINT_INTERVAL_SECONDS, self.last_checkpoint_seconds * CHECKPOINT_PACING))
 
     async def checkpoint_now(self) -> None:
-        """Write a checkpoint covering every change so far, then drop the journal segments it covers."""
-        covered = self._journal.rotate()
-        await self._checkpoint.request()
-        await self._journal.wait_closed(covered)
-        await asyncio.to_thread(self._journal.delete_upto, covered)
+        """Write a checkpoint covering every change so far, then drop the journal segments it covers: only those
+        its own rotation closed, and none when that rotation failed (later records are then still in them)."""
+        rotation = self._journal.rotate()
+        await self._write_checkpoint()
+        await rotation.switched  # raises the switch's error: then nothing is deleted
+        await asyncio.to_thread(self._journal.delete_upto, rotation.covered)
         self.checkpoints += 1
+
+    async def _write_checkpoint(self) -> None:
+        """The checkpoint requested in the rotation's loop step; its duration paces the next one (waiting for
+        the journal's switch is not the checkpoint's cost)."""
+        started = time.monotonic()
+        await self._checkpoint.request()
+        self.last_checkpoint_seconds = time.monotonic() - started
 
     async def close(self) -> None:
         """After `run_checkpoints` is cancelled: a last checkpoint, then the journal is closed."""

@@ -18,7 +18,9 @@ records after them still applied (records are idempotent and each concerns one p
 
 Rotation keeps the journal short: `rotate()` switches new records to a fresh segment at a point where the
 in-memory state already reflects every record before it; once a kubelet-format checkpoint requested after that
-point is durable, the older segments are deleted (see agent.durability).
+point is durable and the switch is done, the older segments are deleted (see agent.durability). A switch that fails
+(the new segment cannot be created: a full disk) fails that rotation, so nothing is deleted; records go on in the
+segment still open, in order.
 """
 
 from __future__ import annotations
@@ -153,6 +155,27 @@ def apply_record(pod_devices: PodDevices, record: dict[str, Any]) -> bool:
 class _Pending:
     data: bytearray
     waiters: list[asyncio.Future[None]]
+    # Set on the group a rotation starts: resolved once the journal has switched to the group's segment.
+    rotation: asyncio.Future[None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """A rotation point. `covered`: the last segment whose records all precede it. `switched` resolves once the
+    journal writes to a newer segment (so `covered` and everything before it are closed), or fails with the error
+    that kept the new segment from being created; then the records after the point are in `covered` too."""
+
+    covered: int
+    switched: asyncio.Future[None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What writing one group did: the segment it switched to, the write's error, the rotation's error."""
+
+    switched: int | None
+    error: Exception | None
+    rotation_error: Exception | None = None
 
 
 _STOP = object()
@@ -201,7 +224,6 @@ class Journal:
         self._writer_idle = True  # under `_lock`: the writer waits for a wake-up
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed_upto = -1  # segments with a lower or equal seq are closed (fully written)
-        self._closed_event = asyncio.Event()
         # The next segment, zero-filled ahead of time so a rotation does not stall appends behind a 1 MB write.
         self._spare: tuple[int, int] | None = None
         self._spare_lock = threading.Lock()
@@ -245,17 +267,29 @@ class Journal:
         self.directory.mkdir(parents=True, exist_ok=True)
         path = segment_path(self.directory, seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            self._zero_fill(fd)
+        except BaseException:
+            # A full disk: the partial file would hold the space that is missing, and its fd would leak.
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            raise
+        return fd
+
+    def _zero_fill(self, fd: int) -> None:
         # Real zeros, not fallocate: unwritten extents would make every fdatasync flush metadata.
-        chunk = bytes(min(self.segment_bytes, 1 << 20))
+        chunk = memoryview(bytes(min(self.segment_bytes, 1 << 20)))
         for _ in range(max(1, self.segment_bytes // len(chunk))):
-            os.write(fd, chunk)
+            view = chunk
+            while view:  # a nearly full disk writes short before it fails: the segment must be whole
+                view = view[os.write(fd, view) :]
         os.fsync(fd)
         dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        return fd
 
     # -- appends -------------------------------------------------------------------------------------------------------
 
@@ -310,9 +344,9 @@ class Journal:
 
     def _write_on_loop(self, seq: int, group: _Pending) -> None:
         # The writer is idle and only this (the loop's) thread wakes it, so it cannot start a write meanwhile.
-        switched, error = self._write_group(seq, group)
+        outcome = self._write_group(seq, group)
         self.inline_syncs += 1
-        self._settle(switched, group, error)
+        self._settle(outcome, group)
 
     def _move_batch(self) -> None:
         """Under `_lock`: the batch joins the writer's queue now (a barrier or rotation must come after it)."""
@@ -352,22 +386,15 @@ class Journal:
             self._queue.append((seq, _Pending(bytearray(), [])))
         return self._queue[-1][1]
 
-    def rotate(self) -> int:
-        """Send later records to a new segment; returns the last segment whose records all precede this point."""
+    def rotate(self) -> Rotation:
+        """Send later records to a new segment (see `Rotation`)."""
+        switched: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._move_batch()
             current = self._segment()
-            self._queue.append((current + 1, _Pending(bytearray(), [])))
+            self._queue.append((current + 1, _Pending(bytearray(), [], switched)))
             self._kick()
-        return current
-
-    async def wait_closed(self, seq: int) -> None:
-        """Until every record of segments <= seq is written and its segment closed."""
-        while self._closed_upto < seq:
-            self._closed_event.clear()
-            with self._lock:
-                self._kick()
-            await self._closed_event.wait()
+        return Rotation(current, switched)
 
     def delete_upto(self, seq: int) -> None:
         """Remove closed segments <= seq (a durable checkpoint covers them). Blocking."""
@@ -399,19 +426,20 @@ class Journal:
                 self._write_pending(seq, pending)
 
     def _write_pending(self, seq: int, pending: _Pending) -> None:
-        switched, error = self._write_group(seq, pending)
-        self._call_loop(self._settle, switched, pending, error)
+        outcome = self._write_group(seq, pending)
+        self._call_loop(self._settle, outcome, pending)
 
-    def _write_group(self, seq: int, pending: _Pending) -> tuple[int | None, Exception | None]:
-        """Write and fdatasync one group (the writer thread, or an inline append): (segment switched to, error)."""
+    def _write_group(self, seq: int, pending: _Pending) -> _Outcome:
+        """Write and fdatasync one group (the writer thread, or an inline append)."""
         switched = None
+        switch_error: Exception | None = None
         error: Exception | None = None
         try:
             # Only ever forward: records buffered for a segment that a write filled meanwhile (`_write` moved on)
             # belong in the newer segment; going back would re-create (truncate) the full one.
             if seq > self._seq:
-                self._switch(seq)
-                switched = seq
+                switch_error = self._try_switch(seq)
+                switched = None if switch_error else seq
             if pending.data:
                 self._write(bytes(pending.data))
                 self.syncs += 1
@@ -420,7 +448,22 @@ class Journal:
         except Exception as err:  # a bug: the writer thread must live on, and this group's waiters hear of it
             log.exception("journal writer failed")
             error = err
-        return switched, error
+        # A rotation holds once the journal writes past `seq - 1`, whichever switch got it there.
+        rotation_error = None if self._seq >= seq else (switch_error or error or OSError("journal did not switch"))
+        return _Outcome(switched, error, rotation_error)
+
+    def _try_switch(self, seq: int) -> Exception | None:
+        """Switch to segment `seq`; on failure stay in the current one (still open, every record before this
+        group in it, so this group's records still go after them) and return the error for the rotation."""
+        try:
+            self._switch(seq)
+        except OSError as err:
+            log.error(
+                "journal segment switch failed; records go on in the current segment",
+                extra={"segment": str(segment_path(self.directory, seq)), "error": str(err)},
+            )
+            return err
+        return None
 
     def _call_loop(self, callback: Any, *args: Any) -> None:
         loop = self._loop
@@ -428,28 +471,35 @@ class Journal:
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                 loop.call_soon_threadsafe(callback, *args)
 
-    def _settle(self, switched: int | None, pending: _Pending, error: Exception | None) -> None:
+    def _settle(self, outcome: _Outcome, pending: _Pending) -> None:
         """On the loop: a group is written (or failed)."""
-        if switched is not None:
-            self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare, switched + 1))
-        if error is not None:
-            log.error("journal write failed: %s", error)
+        if outcome.switched is not None:
+            self._spare_task = asyncio.create_task(asyncio.to_thread(self._prepare_spare_or_log, outcome.switched + 1))
+        if outcome.error is not None:
+            log.error("journal write failed: %s", outcome.error)
         for waiter in pending.waiters:
-            if not waiter.done():
-                if error is None:
-                    waiter.set_result(None)
-                else:
-                    waiter.set_exception(error)
-                    waiter.exception()  # retrieved: a waiter nobody awaits does not log "never retrieved"
-        self._closed_event.set()  # a rotation waiting for the older segment may go on
+            _resolve(waiter, outcome.error)
+        if pending.rotation is not None:
+            _resolve(pending.rotation, outcome.rotation_error)
+
+    def _prepare_spare_or_log(self, seq: int) -> None:
+        """A spare that cannot be made now is created when it is needed (and that switch reports its error)."""
+        try:
+            self._prepare_spare(seq)
+        except OSError as err:
+            log.warning(
+                "journal spare segment not prepared",
+                extra={"segment": str(segment_path(self.directory, seq)), "error": str(err)},
+            )
 
     def _prepare_spare(self, seq: int) -> None:
         with self._spare_lock:
             if self._spare is None or self._spare[0] < seq:
                 if self._spare is not None:
-                    os.close(self._spare[1])
+                    old, self._spare = self._spare, None
+                    os.close(old[1])
                     with contextlib.suppress(FileNotFoundError):
-                        segment_path(self.directory, self._spare[0]).unlink()
+                        segment_path(self.directory, old[0]).unlink()
                 self._spare = (seq, self._create_segment(seq))
 
     def _take_segment(self, seq: int) -> int:
@@ -511,8 +561,9 @@ class Journal:
             self._writer = None
         with self._lock:
             left, self._queue = self._queue, []  # appended while closing: never written
+        closed = OSError("journal closed")
         for _seq, pending in left:
-            self._settle(None, pending, OSError("journal closed"))
+            self._settle(_Outcome(None, closed, closed), pending)
         if self._spare_task is not None:
             await asyncio.gather(self._spare_task, return_exceptions=True)
         with self._spare_lock:
@@ -525,3 +576,13 @@ class Journal:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _resolve(future: asyncio.Future[None], error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
+        future.exception()  # retrieved: a future nobody awaits does not log "never retrieved"
