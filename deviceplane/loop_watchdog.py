@@ -12,7 +12,9 @@ nothing. Here (metric names under the owner's prefix, `deviceplane_agent_` or `d
   with the stacks of every thread (the loop's first, marked `[event loop]`) and counts
   `deviceplane_agent_event_loop_stalls_total`; if the stall lasts, `event loop still stalled` with fresh stacks
   every `REPEAT_DUMP_SECONDS` (a spin moves, a deadlock does not); once the loop runs the heartbeat again, ONE
-  warning `event loop resumed` with the stall's length, also kept in `deviceplane_agent_event_loop_last_stall_seconds`.
+  warning `event loop resumed` with the stall's length, also kept in `deviceplane_agent_event_loop_last_stall_seconds`;
+- a stall that ends between two polls (no poll found the heartbeat overdue) is still counted and logged, without
+  stacks, by the heartbeat that ends it: the gap since the one before says it was overdue past the threshold.
 
 A stall's length is the time between the last heartbeat before it and the first after it: at least the time the
 loop was held, at most that plus one heartbeat interval. What the thread cannot see: a loop held inside C code that
@@ -46,6 +48,7 @@ class StallKind(Enum):
     STALLED = "stalled"
     STILL_STALLED = "still stalled"
     RESUMED = "resumed"
+    ENDED_UNSEEN = "ended unseen"  # found by the heartbeat that ended it: no poll landed inside it
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,13 @@ class StallDetector:
             self._next_dump = now + self.repeat_every
             return StallEvent(StallKind.STILL_STALLED, now - beat)
         return None
+
+    def on_beat(self, previous: float, now: float) -> StallEvent | None:
+        """A heartbeat at `now` after one at `previous`: ENDED_UNSEEN when that gap was a stall no poll saw (a poll
+        that saw it reported STALLED and will report RESUMED)."""
+        if self._stall_beat == previous or now - (previous + self.interval) <= self.threshold:
+            return None
+        return StallEvent(StallKind.ENDED_UNSEEN, now - previous)
 
     def reset(self) -> None:
         """Forget a stall under way (the loop was stopped, which is no stall)."""
@@ -148,6 +158,8 @@ class LoopWatchdog:
         self._handle: asyncio.TimerHandle | None = None
         self._beat = 0.0
         self._due = 0.0
+        # The heartbeat's time and the detector are shared by the loop and the thread: one decides per stall.
+        self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -179,9 +191,26 @@ class LoopWatchdog:
         loop = self._loop
         if loop is not None:  # rescheduled first, so nothing below can end the heartbeat
             self._handle = loop.call_later(self.heartbeat, self._on_beat)
-        self._beat = now
+        with self._lock:
+            unseen = self._detector.on_beat(self._beat, now)
+            self._beat = now
         self.lag.observe(max(0.0, now - self._due))
         self._due = now + self.heartbeat
+        if unseen is not None:
+            self._report_unseen(unseen)
+
+    def _report_unseen(self, event: StallEvent) -> None:
+        # No stacks: the loop's own stack now is not the one that held it.
+        self.stalls.inc()
+        self.last_stall.set(event.seconds)
+        log.error(
+            "event loop stalled",
+            extra={
+                "stalled_seconds": round(event.seconds, 3),
+                "threshold_seconds": self.threshold,
+                "stacks": "not taken: the stall ended between two polls of the watchdog",
+            },
+        )
 
     # -- on the watchdog thread --------------------------------------------------------------------------------------
 
@@ -198,10 +227,11 @@ class LoopWatchdog:
         loop = self._loop
         if loop is None or loop.is_closed():
             return False
-        if not loop.is_running():
-            self._detector.reset()
-            return True
-        event = self._detector.observe(time.monotonic(), self._beat)
+        with self._lock:
+            if not loop.is_running():
+                self._detector.reset()
+                return True
+            event = self._detector.observe(time.monotonic(), self._beat)
         if event is None:
             return True
         seconds = round(event.seconds, 3)

@@ -84,6 +84,28 @@ def test_a_held_loop_is_logged_once_with_its_stack_counted_and_the_agent_goes_on
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), result.stdout + result.stderr
 
 
+def test_every_hold_past_the_threshold_is_counted_even_between_two_polls(
+    debug_env: None, agent_factory: Callable[..., AgentProcess]
+) -> None:
+    """Threshold 2 s, so the thread polls every 0.5 s; a 2.4 s hold leaves the heartbeat overdue past the
+    threshold for at most 0.15 s before it runs again, so most polls miss it (before the fix: 0 of 6 counted).
+    The heartbeat that ends such a stall reports it; each hold is counted exactly once, whoever saw it."""
+    agent = agent_factory("--loop-stall-seconds", "2.0")
+    holds = 6
+    for _ in range(holds):
+        assert post_fault(agent, "block_loop=2.4")[0] == 200
+        time.sleep(0.6)
+    beats = agent.metric("deviceplane_agent_event_loop_lag_seconds_count")
+    within_1s = agent.metric("deviceplane_agent_event_loop_lag_seconds_bucket", le="1.0")
+    assert beats is not None and within_1s is not None
+    late = beats - within_1s  # heartbeats over 1 s late: the holds, as the loop itself measured them
+    assert agent.metric(STALLS) == holds, (agent.metric(STALLS), late)
+    stalled = [e for e in watchdog_logs(agent) if e["msg"] == STALLED]
+    assert len(stalled) == holds and all(e["stalled_seconds"] > 2.0 for e in stalled), stalled
+    last = agent.metric(LAST_STALL)
+    assert last is not None and 2.4 <= last <= 2.4 + HEARTBEAT_SECONDS + 0.5
+
+
 @pytest.mark.parametrize(
     "query",
     ["block_loop=abc", "block_loop=", "block_loop=-1", "block_loop=0", "block_loop=31", "block_loop=1e9",

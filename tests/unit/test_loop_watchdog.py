@@ -35,6 +35,21 @@ def test_a_long_stall_dumps_again_at_the_slow_interval() -> None:
     assert kinds == [StallKind.STALLED, StallKind.STILL_STALLED, StallKind.STILL_STALLED]
 
 
+def test_a_stall_no_poll_saw_is_reported_by_the_heartbeat_that_ends_it() -> None:
+    """Polls every 0.5 s, threshold 2 s: a 2.4 s hold is overdue past the threshold for under 0.15 s, so a poll
+    may not land inside it. The heartbeat after it still reports it, once; one a poll saw is left to the poll."""
+    detector = StallDetector(threshold=2.0, interval=0.25)
+    assert detector.observe(now=2.3, beat=0.1) is None  # overdue by 1.95 s: no stall yet
+    unseen = detector.on_beat(previous=0.1, now=2.5)  # the hold ended: 2.15 s overdue
+    assert unseen is not None and unseen.kind is StallKind.ENDED_UNSEEN and unseen.seconds == pytest.approx(2.4)
+    assert detector.on_beat(previous=2.5, now=2.75) is None  # an ordinary heartbeat
+    seen = detector.observe(now=5.3, beat=2.75)
+    assert seen is not None and seen.kind is StallKind.STALLED
+    assert detector.on_beat(previous=2.75, now=5.4) is None  # the poll reported it: not twice
+    resumed = detector.observe(now=5.5, beat=5.4)
+    assert resumed is not None and resumed.kind is StallKind.RESUMED
+
+
 def test_a_short_hold_and_a_reset_count_nothing() -> None:
     detector = StallDetector(threshold=0.5, interval=0.25)
     beat = 0.0
