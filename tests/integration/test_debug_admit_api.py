@@ -5,6 +5,7 @@ through the normal admission path when on, refuses bad input, and only listens o
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -104,3 +105,35 @@ def test_needs_a_loopback_address(short_tmp: Path, address: str) -> None:
             "--plugin-dir", str(short_tmp / "dp")]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=60)
     assert done.returncode != 0 and "--debug-admit-api needs agent mode and a loopback address" in done.stderr
+
+
+def test_an_incomplete_request_after_the_clients_eof_is_closed_once_the_one_in_flight_is_answered(
+    short_tmp: Path,
+) -> None:
+    """A client pipelines an admit and the start of a second request (11 of its 100 body bytes), then half-closes.
+    The admit is answered later (it waits up to --startup-plugin-wait for a plugin that never comes, then fails),
+    and the rest of the second body can never come after the EOF: the server must close the connection then,
+    instead of keeping the transport (and the client, reading for the end) forever."""
+    port = free_port()
+    agent = AgentProcess(
+        short_tmp, "--debug-admit-api", f"127.0.0.1:{port}", "--startup-plugin-wait", "1s", plugin_dir=short_tmp / "dp"
+    ).start()
+    try:
+        body = pod("p", 1)
+        admit = b"POST /debug/v1/admit HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        partial = b'POST /debug/v1/admit HTTP/1.1\r\nContent-Length: 100\r\n\r\n{"metadata"'
+        with socket.create_connection(("127.0.0.1", port), timeout=6) as conn:
+            conn.sendall(admit + partial)
+            conn.shutdown(socket.SHUT_WR)
+            received = bytearray()
+            try:
+                while chunk := conn.recv(65536):
+                    received += chunk
+                closed = True
+            except TimeoutError:
+                closed = False
+        assert received.startswith(b"HTTP/1.1 200 OK"), bytes(received)  # the admit's answer: state failed
+        assert b'"state": "failed"' in received or b'"state":"failed"' in received, bytes(received)
+        assert closed, f"the half-closed connection stayed open 6 s after its answer: {bytes(received)[:60]!r}"
+    finally:
+        agent.kill()

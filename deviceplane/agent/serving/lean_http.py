@@ -180,6 +180,8 @@ class _Connection(asyncio.BufferedProtocol):
                 return
             start = end + 4
             if len(self._buffer) < start + request.length:
+                if self._closing:
+                    self._close(self._transport)  # the client's EOF came first: the rest of this body never will
                 return  # the body is still coming
             body = bytes(self._buffer[start : start + request.length])
             del self._buffer[: start + request.length]
