@@ -9,6 +9,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import grpc
+import pytest
+
+from tests.support.pods import PodResourcesClient
+
 from .procs import wait_for
 
 
@@ -113,3 +118,27 @@ def test_sdk_sim_plugin_registers_with_kubelet_harness(kubelet_harness, sim_plug
     ids2 = res2["containers"][0]["devices"]["example.com/sim"]
     assert not set(ids) & set(ids2)
     assert len({numa[i] for i in ids2}) == 1 and {numa[i] for i in ids2} != {numa[i] for i in ids}
+
+
+def test_pod_resources_get_of_a_pod_rejected_at_admission(kubelet_harness, sample_device_plugin, short_tmp) -> None:
+    """The kubelet's own PodResources Get (v1.36 server_v1.go, through the harness's pods provider, which answers
+    GetPodByName as the pod manager does) finds a pod rejected at admission: its containers, no devices. Only an
+    unknown pod is `pod <name> in namespace <ns> not found`. The agent answers the same
+    (tests/integration/test_podresources.py)."""
+    socket = short_tmp("kh-pr") / "pod-resources.sock"
+    h = kubelet_harness(short_tmp("kh"), pod_resources_socket=socket)
+    plugin = sample_device_plugin(h.socket_dir)
+    wait_for("example.com/resource = 2", _capacity_is(h, "example.com/resource", 2), procs=[h.proc, plugin])
+    assert h.admit(pod("holder", app={"example.com/resource": 2}))["admitted"]
+    assert not h.admit(pod("nope", app={"example.com/resource": 1}))["admitted"]
+    client = PodResourcesClient(socket)
+    try:
+        assert [p.name for p in client.list().pod_resources] == ["holder"]
+        got = client.get("default", "nope").pod_resources
+        assert (got.namespace, got.name, [c.name for c in got.containers]) == ("default", "nope", ["app"])
+        assert not got.containers[0].devices
+        with pytest.raises(grpc.RpcError) as err:
+            client.get("default", "unknown")
+        assert err.value.details() == "pod unknown in namespace default not found"
+    finally:
+        client.close()

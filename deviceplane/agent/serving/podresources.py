@@ -2,7 +2,9 @@
 
 - List: every active (admitted, not terminated) pod, with its app containers and restartable init containers (the
   kubelet lists those since sidecar support; regular init containers have finished by then).
-- Get: one pod by namespace and name.
+- Get: one pod by namespace and name, any pod a source reports (the kubelet answers from its pod manager, which
+  holds pods rejected at admission, ended, or still admitting until they are deleted): its containers, as List
+  shows them, with whatever devices they hold (none but for an admitted pod). Only an unknown pod is "not found".
 - GetAllocatableResources: every healthy device of every resource, allocated or not.
 Devices are one `ContainerDevices` per device per NUMA node; a device without topology has no `topology`.
 There is no CPU, memory or DRA manager here, so those fields stay empty.
@@ -54,7 +56,7 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
 
     async def Get(self, request: pr.GetPodResourcesRequest, context: Context) -> pr.GetPodResourcesResponse:
         record = self._table.find(request.pod_namespace, request.pod_name)
-        if record is not None and record.active:
+        if record is not None:
             return pr.GetPodResourcesResponse(pod_resources=self._pod_resources(record))
         await context.abort(
             grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found"

@@ -65,6 +65,9 @@ type harness struct {
 	mu      sync.Mutex
 	active  map[types.UID]*v1.Pod
 	order   []types.UID
+	// rejected: pods refused at admission. The kubelet marks them Failed but its pod manager keeps them until they
+	// are deleted, so PodResources Get still finds them (with no devices); they are not active.
+	rejected map[types.UID]*v1.Pod
 }
 
 func (h *harness) activePods() []*v1.Pod {
@@ -77,6 +80,23 @@ func (h *harness) activePods() []*v1.Pod {
 		}
 	}
 	return out
+}
+
+// podByName: the kubelet's pod manager's GetPodByName: active pods, then pods rejected at admission.
+func (h *harness) podByName(namespace, name string) (*v1.Pod, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, uid := range h.order {
+		if p, ok := h.active[uid]; ok && p.Namespace == namespace && p.Name == name {
+			return p, true
+		}
+	}
+	for _, p := range h.rejected {
+		if p.Namespace == namespace && p.Name == name {
+			return p, true
+		}
+	}
+	return nil, false
 }
 
 type jsonDevice struct {
@@ -258,6 +278,7 @@ func (h *harness) handleAdmit(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	_, known := h.active[pod.UID]
 	h.active[pod.UID] = pod
+	delete(h.rejected, pod.UID)
 	if !known {
 		h.order = append(h.order, pod.UID)
 	}
@@ -289,8 +310,11 @@ func (h *harness) handleAdmit(w http.ResponseWriter, r *http.Request) {
 			add(&pod.Spec.Containers[i], false)
 		}
 	} else if !known {
-		// A rejected pod is not kept (the kubelet marks it Failed).
+		// A rejected pod is not active (the kubelet marks it Failed); its pod manager still holds it.
 		h.forget(pod.UID)
+		h.mu.Lock()
+		h.rejected[pod.UID] = pod
+		h.mu.Unlock()
 	}
 	out.DurationNS = time.Since(start).Nanoseconds()
 	writeJSON(w, http.StatusOK, out)
@@ -299,8 +323,10 @@ func (h *harness) handleAdmit(w http.ResponseWriter, r *http.Request) {
 func (h *harness) forget(uid types.UID) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	_, wasRejected := h.rejected[uid]
+	delete(h.rejected, uid)
 	if _, ok := h.active[uid]; !ok {
-		return false
+		return wasRejected
 	}
 	delete(h.active, uid)
 	for i, u := range h.order {
@@ -380,7 +406,7 @@ func main() {
 	}
 	topo.AddHintProvider(logger, dm)
 
-	h := &harness{dm: dm, topo: topo, active: map[types.UID]*v1.Pod{}}
+	h := &harness{dm: dm, topo: topo, active: map[types.UID]*v1.Pod{}, rejected: map[types.UID]*v1.Pod{}}
 	if err := dm.Start(logger, h.activePods, allReady{}, containermap.NewContainerMap(), sets.New[string]()); err != nil {
 		fmt.Fprintln(os.Stderr, "device manager start:", err)
 		os.Exit(1)

@@ -2,7 +2,7 @@ package main
 
 // The kubelet's real PodResources v1 server (k8s.io/kubernetes/pkg/kubelet/apis/podresources) over the real
 // device manager, served the way the kubelet serves it (pkg/kubelet/server.ListenAndServePodResources: a gRPC
-// server with the same rate limiter, on a unix socket). Only the providers are ours: the harness's active pods,
+// server with the same rate limiter, on a unix socket). Only the providers are ours: the harness's pods,
 // the device manager's devices, and empty CPU/memory/dynamic-resources answers (the harness manages none).
 
 import (
@@ -54,18 +54,14 @@ func containerDevices(devs devicemanager.ResourceDeviceInstances) []*podresource
 	return out
 }
 
-// podsProvider: the harness's admitted pods are the kubelet's active pods.
+// podsProvider: the harness's admitted pods are the kubelet's active pods; GetPodByName also finds a pod rejected
+// at admission, as the kubelet's pod manager (its pods provider) holds it until it is deleted.
 type podsProvider struct{ h *harness }
 
 func (p podsProvider) GetActivePods() []*v1.Pod { return p.h.activePods() }
 func (p podsProvider) GetPods() []*v1.Pod       { return p.h.activePods() }
 func (p podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
-	for _, pod := range p.h.activePods() {
-		if pod.Namespace == namespace && pod.Name == name {
-			return pod, true
-		}
-	}
-	return nil, false
+	return p.h.podByName(namespace, name)
 }
 
 // noResources: the harness has no CPU, memory or DRA managers.
