@@ -40,6 +40,7 @@ from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS, HeapKeeper
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import CLUSTER_EXTRA_HINT, NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
+from deviceplane.agent.plugin_dir_lock import PluginDirBusyError, PluginDirLock
 from deviceplane.agent.plugins.contracts import DeviceListener, PluginConnector
 from deviceplane.agent.plugins.manager import DeviceManager
 from deviceplane.agent.plugins.plugin_client import PluginClient
@@ -149,7 +150,8 @@ class Agent:
             pod_list=self.ownership.pods_json if self.ownership else None,
         )
 
-        # -- the kubelet checkpoint file -----------------------------------------------------------------------------
+        # -- the kubelet checkpoint file, in a directory one agent at a time may serve ---------------------------
+        self._dir_lock = PluginDirLock(config.plugin_dir)
         self._checkpoint_file = CheckpointStore(config.plugin_dir)
 
         # -- cluster mode: pods from the API server, Events, Node status, NodeDevices ------------------------------
@@ -329,6 +331,7 @@ class Agent:
             await self._check_apiserver(self.cluster.api)
         plugin_dir = self.config.plugin_dir
         plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
+        self._dir_lock.acquire()  # before anything in the directory is read, removed or bound
         restored = self._checkpoint_file.read()
         if restored is not None and restored.RegisteredDevices:
             log.info("checkpoint restored", extra={"resources": sorted(restored.RegisteredDevices)})
@@ -386,6 +389,9 @@ class Agent:
 
     async def stop(self) -> None:
         self._ready = False
+        if not self._dir_lock.held:  # start failed before it took the directory: nothing there is ours
+            self._stop_loop_watchdog()
+            return
         await self.supervisor.stop()
         if self.proxy is not None:
             await self.proxy.stop()
@@ -402,9 +408,13 @@ class Agent:
             await self._http.cleanup()
             self._http = None
         self.heap.stop()
+        self._dir_lock.release()
+        self._stop_loop_watchdog()
+        log.info("agent stopped")
+
+    def _stop_loop_watchdog(self) -> None:
         if self.loop_watchdog is not None:  # last, so a stop that hangs is reported too
             self.loop_watchdog.stop()
-        log.info("agent stopped")
 
 
 async def run_agent(config: AgentConfig) -> int:
@@ -419,7 +429,7 @@ async def run_agent(config: AgentConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         await agent.start()
-    except (OSError, KubeError) as err:
+    except (OSError, KubeError, PluginDirBusyError) as err:
         log.error("agent failed to start: %s", err)
         await agent.stop()
         return 1

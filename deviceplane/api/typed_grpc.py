@@ -4,6 +4,7 @@ call, as Protocols, and the functions that add servicers to a server. The messag
 from __future__ import annotations
 
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any, Protocol, cast
 
 import grpc
@@ -57,3 +58,14 @@ def add_pod_resources(servicer: pr_grpc.PodResourcesListerServicer, server: grpc
 
 # grpc-stubs makes ServicerContext generic in (request, response); servicers here accept any.
 Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def bind_unix_socket(server: grpc.aio.Server, path: Path) -> None:
+    """`add_insecure_port` on a unix socket, failing as an OSError that names the path: grpc raises a RuntimeError
+    (a path too long for a socket address, a directory that cannot be written), which start-up does not expect."""
+    try:
+        bound = server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as err:
+        raise OSError(f"cannot serve {path}: {err}") from err
+    if not bound:
+        raise OSError(f"cannot serve {path}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import grpc
 
 from deviceplane.agent.plugins.registration import RegistrationServicer
-from deviceplane.api.typed_grpc import add_registration
+from deviceplane.api.typed_grpc import add_registration, bind_unix_socket
 from deviceplane.core.constants import KUBELET_SOCKET_NAME
 
 log = logging.getLogger("deviceplane.agent.plugins.registration")
@@ -37,7 +37,7 @@ class RegistrationServer:
             self._server = None
         server = grpc.aio.server()
         add_registration(self._servicer, server)
-        server.add_insecure_port(f"unix://{self.socket}")
+        bind_unix_socket(server, self.socket)
         await server.start()
         self._server = server
 
@@ -56,8 +56,9 @@ class RegistrationServer:
                 log.error("cannot serve the registration socket: %s", err)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            await self._server.stop(grace=1)
-            self._server = None
+        if self._server is None:
+            return  # never served: the socket there, if any, is not ours
+        await self._server.stop(grace=1)
+        self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()

@@ -21,7 +21,7 @@ import grpc
 
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
-from deviceplane.api.typed_grpc import Context, add_pod_resources
+from deviceplane.api.typed_grpc import Context, add_pod_resources, bind_unix_socket
 from deviceplane.core.pod_devices import DeviceInstance, PodDevices
 from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.registry import DeviceRegistry
@@ -81,7 +81,7 @@ async def serve_pod_resources(servicer: PodResourcesServicer, socket_path: Path)
         os.unlink(socket_path)  # a stale socket from a previous run
     server = grpc.aio.server()
     add_pod_resources(servicer, server)
-    server.add_insecure_port(f"unix://{socket_path}")
+    bind_unix_socket(server, socket_path)
     await server.start()
     log.info("pod resources API serving", extra={"socket": str(socket_path)})
     return server
