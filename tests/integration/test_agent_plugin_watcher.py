@@ -132,3 +132,32 @@ def test_repeated_events_connect_once(
     calls = plugin.send(cmd="calls")["calls"]
     assert calls["GetDevicePluginOptions"] == 1 and calls["ListAndWatch"] == 1
     assert notifications(plugin) == [{"registered": True, "error": ""}]
+
+
+def test_a_plugin_whose_first_getinfo_failed_is_tried_again(
+    watching_agent: AgentProcess, registry_dir: Path, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """The kubelet's plugin manager reconciles every second and retries a registration that failed before its
+    handler (dial, GetInfo, validation) with backoff from 0.5 s. A plugin whose first GetInfo outlasted the 1 s
+    deadline was never asked again here, until something else changed in the directory (found in review)."""
+    plugin = probe_plugin(plugin_factory, registry_dir, "slow.sock", TWO, first_info_delay=1.5)
+    wait_for(lambda: watching_agent.counts(R) == (2, 2), timeout=10, what="registered on a later attempt")
+    state = plugin.send(cmd="notifications")
+    assert state["info_calls"] >= 2
+    assert state["notifications"] == [{"registered": True, "error": ""}]  # the failed attempt told the plugin nothing
+
+
+def test_a_plugin_its_handler_refused_is_not_probed_again_until_its_socket_changes(
+    watching_agent: AgentProcess, registry_dir: Path, plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """Upstream adds such a plugin to its actual state before the handler refuses it: no retries, one notification."""
+    import socket
+
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(registry_dir / "elsewhere.sock"))  # the endpoint exists, nobody listens: the handler's dial fails
+    s.close()
+    plugin = probe_plugin(plugin_factory, registry_dir, "bad.sock", TWO, endpoint="elsewhere.sock")
+    wait_for(lambda: notifications(plugin), timeout=20, what="NotifyRegistrationStatus")
+    time.sleep(3)  # three reconcile passes
+    assert len(notifications(plugin)) == 1
+    assert plugin.send(cmd="notifications")["info_calls"] == 1

@@ -111,8 +111,12 @@ class WatcherRegistration(reg_grpc.RegistrationServicer):
     def __init__(self, info: dict[str, object]) -> None:
         self.info = info
         self.notifications: list[dict[str, object]] = []
+        self.info_calls = 0
 
     async def GetInfo(self, request, context):
+        self.info_calls += 1
+        if self.info_calls == 1 and "first_info_delay" in self.info:  # a plugin slow to answer, once
+            await asyncio.sleep(float(self.info["first_info_delay"]))  # type: ignore[arg-type]
         return reg_pb.PluginInfo(
             type=str(self.info.get("type", "DevicePlugin")),
             name=str(self.info["name"]),
@@ -187,7 +191,11 @@ async def main() -> None:
             plugin.push(None)
             reply = {"ok": True}
         elif cmd == "notifications":
-            reply = {"ok": True, "notifications": watcher.notifications if watcher else []}
+            reply = {
+                "ok": True,
+                "notifications": watcher.notifications if watcher else [],
+                "info_calls": watcher.info_calls if watcher else 0,
+            }
         elif cmd == "calls":
             reply = {"ok": True, "calls": dict(plugin.calls), "order": plugin.order}
         elif cmd == "exit":

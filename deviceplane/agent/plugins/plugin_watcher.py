@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import stat
 from dataclasses import dataclass
@@ -32,6 +33,13 @@ from deviceplane.core.names import (
 
 log = logging.getLogger("deviceplane.agent.watcher")
 
+# The kubelet's plugin manager reconciles every second, and retries a registration that failed with exponential
+# backoff (its operation executor: 0.5 s doubling to 2 min 2 s), so a plugin whose first GetInfo was slow still
+# registers, with no other change in the directory to set it off.
+RECONCILE_INTERVAL_SECONDS = 1.0
+RETRY_INITIAL_SECONDS = 0.5
+RETRY_MAX_SECONDS = 122.0
+
 
 @dataclass(frozen=True, slots=True)
 class Registered:
@@ -57,6 +65,9 @@ class PluginWatcher:
         self._registered: dict[str, Registered] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._working: set[str] = set()  # sockets with a reconcile in flight
+        # socket -> (its mtime when registering it failed, the next attempt's time, the delay after that one)
+        self._retries: dict[str, tuple[int, float, float]] = {}
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         self._directory.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -66,12 +77,18 @@ class PluginWatcher:
             self.rescan()
             if ready is not None:
                 ready.set()
+            self._tasks.add(asyncio.create_task(self._reconcile_every_second(), name="plugin-watcher reconcile"))
             async for _changes in watcher:
                 # Like the kubelet's reconciler, compare desired (sockets on disk) with actual (registered).
                 self.rescan()
         finally:
             stop.set()
             await cancel_and_wait(self._tasks)
+
+    async def _reconcile_every_second(self) -> None:
+        while True:
+            await asyncio.sleep(RECONCILE_INTERVAL_SECONDS)
+            self.rescan()
 
     def rescan(self) -> None:
         present: dict[str, int] = {}
@@ -80,18 +97,38 @@ class PluginWatcher:
                 path = Path(root) / name
                 if is_plugin_socket(path):
                     present[str(path)] = os.lstat(path).st_mtime_ns
+        now = asyncio.get_running_loop().time()
         for socket_path, mtime in present.items():
             known = self._registered.get(socket_path)
-            if known is None or known.mtime_ns != mtime:
+            if (known is None or known.mtime_ns != mtime) and not self._backing_off(socket_path, mtime, now):
                 self._spawn(socket_path, mtime)
         for socket_path in list(self._registered):
             if socket_path not in present:
                 self._spawn(socket_path, None)
+        for socket_path in list(self._retries):
+            if socket_path not in present:
+                del self._retries[socket_path]
+
+    def _backing_off(self, socket_path: str, mtime: int, now: float) -> bool:
+        """Registering this socket failed and its next attempt is not due (a re-created socket is tried at once)."""
+        retry = self._retries.get(socket_path)
+        return retry is not None and retry[0] == mtime and now < retry[1]
+
+    def _failed(self, socket_path: str, mtime: int, retry: bool = True) -> None:
+        """Try again after the backoff; or, `retry` False, not until the socket is re-created."""
+        previous = self._retries.get(socket_path)
+        delay = previous[2] if previous is not None and previous[0] == mtime else RETRY_INITIAL_SECONDS
+        next_at = asyncio.get_running_loop().time() + delay if retry else math.inf
+        self._retries[socket_path] = (mtime, next_at, min(delay * 2, RETRY_MAX_SECONDS))
 
     def _spawn(self, socket_path: str, mtime: int | None) -> None:
+        if socket_path in self._working:
+            return  # the next rescan looks again once it is done
+        self._working.add(socket_path)
         task = asyncio.create_task(self._reconcile(socket_path, mtime), name=f"plugin-watcher {socket_path}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda _: self._working.discard(socket_path))
 
     async def _reconcile(self, socket_path: str, mtime: int | None) -> None:
         # Operations on one socket are serialised, as upstream serialises them per plugin.
@@ -119,12 +156,15 @@ class PluginWatcher:
                 info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=GET_INFO_TIMEOUT_SECONDS)
             except (TimeoutError, grpc.aio.AioRpcError) as err:
                 log.warning("RegisterPlugin error -- dial failed at socket %s, err: %s", socket_path, err)
+                self._failed(socket_path, mtime)
                 return
-            error = await self._connect(socket_path, info)
+            error, retry = await self._connect(socket_path, info)
             if error is None:
                 self._registered[socket_path] = Registered(info.name, self._endpoint(socket_path, info), mtime)
+                self._retries.pop(socket_path, None)
             else:
                 log.warning("plugin registration failed", extra={"socket": socket_path, "error": error})
+                self._failed(socket_path, mtime, retry)
             try:
                 await stub.NotifyRegistrationStatus(
                     reg_pb.RegistrationStatus(plugin_registered=error is None, error=error or ""),
@@ -139,10 +179,15 @@ class PluginWatcher:
             return socket_path
         return str(Path(socket_path).parent / info.endpoint)
 
-    async def _connect(self, socket_path: str, info: reg_pb.PluginInfo) -> str | None:
-        """Upstream's operation_generator steps 3-7; returns the error text sent back to the plugin, if any."""
+    async def _connect(self, socket_path: str, info: reg_pb.PluginInfo) -> tuple[str | None, bool]:
+        """Upstream's operation_generator steps 3-7: the error text sent back to the plugin, if any, and whether to
+        try again. Upstream retries a plugin refused before its handler's RegisterPlugin, but one the handler
+        refuses is in its actual state by then: not tried again until its socket changes."""
         if info.type != PLUGIN_TYPE_DEVICE_PLUGIN:
-            return f"RegisterPlugin error -- no handler registered for plugin type: {info.type} at socket {socket_path}"
+            message = (
+                f"RegisterPlugin error -- no handler registered for plugin type: {info.type} at socket {socket_path}"
+            )
+            return message, True
         # The device manager's ValidatePlugin (spec §3.3): versions first, then the name.
         problem = None
         if not any_supported_version(info.supported_versions):
@@ -150,10 +195,10 @@ class PluginWatcher:
         elif not is_extended_resource_name(info.name):
             problem = invalid_plugin_name_error(info.name)
         if problem is not None:
-            return f"RegisterPlugin error -- plugin validation failed with err: {problem}"
+            return f"RegisterPlugin error -- plugin validation failed with err: {problem}", True
         endpoint = self._endpoint(socket_path, info)
         try:
             await self._handler.register(info.name, endpoint)
         except RegistrationError as err:
-            return f"RegisterPlugin error -- plugin registration failed with err: {err}"
-        return None
+            return f"RegisterPlugin error -- plugin registration failed with err: {err}", False
+        return None, False
