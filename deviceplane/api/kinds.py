@@ -31,6 +31,14 @@ NODE_DEVICES = CrdSpec(
     description="The devices of one node as its deviceplane agent sees them: resources, per-device health and "
     "owners. Named after the node, owned by it, written by the node's agent.",
     short_names=("nd",),
+    # The node's agent may write only its own object's status (manifests/30-agent-policy.yaml checks spec.nodeName),
+    # and may not patch the spec: an edit to it would stop every later status write, and nothing could repair it.
+    root_validations=(
+        {
+            "rule": "self.spec.nodeName == self.metadata.name",
+            "message": "spec.nodeName must be the object's name: the node it describes",
+        },
+    ),
     categories=("deviceplane",),
     printer_columns=(
         PrinterColumn("Resources", ".status.resourceCount", "integer", "Resources served on the node."),

@@ -38,11 +38,13 @@ class DeviceView(FrozenModel):
 class PluginView(FrozenModel):
     """The device plugin serving a resource."""
 
-    endpoint: str | None = Field(description="The plugin's socket name in the registration directory.")
+    # Optional in the CRD, not required-and-nullable: a JSON merge patch drops null keys, and a restored resource has
+    # no endpoint until its plugin registers again (a required key missing made the API server refuse the status).
+    endpoint: str | None = Field(default=None, description="The plugin's socket name in the registration directory.")
     connected: bool = Field(description="Whether the plugin's ListAndWatch stream is up.")
     preStartRequired: bool = Field(description="The plugin asked for PreStartContainer calls.")
     getPreferredAllocationAvailable: bool = Field(description="The plugin implements GetPreferredAllocation.")
-    registeredAt: str | None = Field(description="When the plugin last registered (RFC 3339).")
+    registeredAt: str | None = Field(default=None, description="When the plugin last registered (RFC 3339).")
 
 
 class ResourceView(FrozenModel):
