@@ -277,3 +277,53 @@ def test_events_of_other_sources_are_not_recorded() -> None:
     events = AdmissionEvents(ScriptedApi(), "n1")  # type: ignore[arg-type]
     events.failed("file", api_pod("static"), "x")
     assert events.queued == 0
+
+
+def test_a_publisher_without_debounce_polls_at_a_floor_not_in_a_busy_loop() -> None:
+    """`--nodedevices-debounce 0` is accepted; the publisher then polled the allocation counter in a busy loop
+    (~110,000 times a second, a whole CPU) while nothing changed (found in review)."""
+    from deviceplane.agent.cli import duration
+    from deviceplane.agent.kube.node_devices import ALLOCATION_POLL_FLOOR_SECONDS, NodeDevicesPublisher
+    from deviceplane.api.models import AgentView, DevicesStatus
+
+    polls = 0
+
+    def allocations() -> int:
+        nonlocal polls
+        polls += 1
+        return 0
+
+    class Api:  # only the object's existence and the status write are asked: a fault-free stand-in
+        def get_node_devices(self, name: str) -> dict[str, Any]:
+            return {"metadata": {"name": name}}
+
+        def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> None:
+            pass
+
+    def status(_limit: int) -> DevicesStatus:
+        return DevicesStatus(resources=[], agent=AgentView(version="0", node="n", lastHeartbeatTime="t"))
+
+    async def idle_polls(seconds: float) -> int:
+        publisher = NodeDevicesPublisher(Api(), "n", status, allocations=allocations, debounce=duration("0"))  # type: ignore[arg-type]
+        task = asyncio.create_task(publisher.run())
+        await asyncio.sleep(0.3)  # the first write; nothing changes after it
+        before = polls
+        await asyncio.sleep(seconds)
+        task.cancel()
+        return polls - before
+
+    assert asyncio.run(idle_polls(1.0)) <= 2 / ALLOCATION_POLL_FLOOR_SECONDS
+
+
+def test_a_bracketed_ipv6_http_address_is_served() -> None:
+    """`--http-addr [::1]:9450` passes the flag's check but the brackets reached the socket layer (found in review)."""
+    from aiohttp import web
+
+    from deviceplane.agent.cli import http_address
+    from deviceplane.agent.serving.http_api import serve
+
+    async def serve_and_stop() -> None:
+        runner = await serve(web.Application(), http_address("[::1]:0"))
+        await runner.cleanup()
+
+    asyncio.run(serve_and_stop())

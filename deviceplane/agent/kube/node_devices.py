@@ -32,6 +32,7 @@ from deviceplane.api.models import DevicesStatus
 log = logging.getLogger("deviceplane.kube.node_devices")
 
 HEARTBEAT_SECONDS = 60.0
+ALLOCATION_POLL_FLOOR_SECONDS = 0.05  # `--nodedevices-debounce 0` spun the loop polling the allocation counter
 
 
 def without_heartbeat(status: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +97,8 @@ class NodeDevicesPublisher:
         last_attempt = float("-inf")
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.debounce)
+                # The allocation counter is polled at this pace: never a busy loop, even with no debounce.
+                await asyncio.wait_for(self._wake.wait(), max(self.debounce, ALLOCATION_POLL_FLOOR_SECONDS))
             heartbeat_due = self.clock() - self._written_at >= self.heartbeat
             if not (self._wake.is_set() or heartbeat_due or self.allocations() != self._allocations_seen):
                 continue

@@ -57,6 +57,6 @@ async def serve(app: web.Application, address: str) -> web.AppRunner:
     host, _, port = address.rpartition(":")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host or "127.0.0.1", int(port))
+    site = web.TCPSite(runner, host.strip("[]") or "127.0.0.1", int(port))  # "[::1]:9450" is accepted by --http-addr
     await site.start()
     return runner
