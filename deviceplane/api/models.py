@@ -57,7 +57,9 @@ class ResourceView(FrozenModel):
     unhealthy: int = Field(description="Devices reported Unhealthy.")
     allocated: int = Field(description="Devices currently allocated to containers.")
     plugin: PluginView = Field(description="The plugin serving this resource.")
-    devices: list[DeviceView] = Field(description="The devices, in natural order; bounded (see devicesTruncated).")
+    devices: list[DeviceView] = Field(
+        description="The devices, sorted by ID as plain strings (dev10 before dev2); bounded (see devicesTruncated)."
+    )
     devicesTruncated: bool = Field(
         default=False, description="True when the device list was cut to its bound; the counts above stay exact."
     )
