@@ -375,7 +375,7 @@ class Agent:
         )
 
     async def _check_apiserver(self, api: KubeApi) -> None:
-        from deviceplane.agent.kube.client import off_loop
+        from deviceplane.aio import off_loop
 
         try:
             version = await asyncio.wait_for(off_loop(api.version), REQUIRE_APISERVER_TIMEOUT_SECONDS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar
 
 from deviceplane.core.checkpoint_data import CheckpointData, DevicesByResource, DevicesPerNuma, PodDevicesEntry
+from deviceplane.core.constants import INT64_MAX, INT64_MIN
 from deviceplane.core.spew import framed_pieces, spew_entry, spew_pieces, spew_registered_item, spew_text
 
 __all__ = [
@@ -32,8 +33,6 @@ __all__ = [
     "fnv1a_32",
     "spew_text",
 ]
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def checkpoint_data_for_write(
@@ -243,7 +242,7 @@ def _numa_keyed_json(devices: DevicesPerNuma | None) -> str:
     if devices is None:
         return "null"
     for numa in devices:
-        if not _INT64_MIN <= numa <= _INT64_MAX:
+        if not INT64_MIN <= numa <= INT64_MAX:
             raise ValueError(f"NUMA node id {numa} does not fit Go's int64")
     # Go sorts map keys by their encoded text, so 10 comes before 2.
     keys = sorted(str(numa) for numa in devices)
@@ -504,7 +503,7 @@ def _decode_numa_map(
     target = into if into is not None else {}  # Go adds to an existing map
     for key, item in value.pairs:
         devices = _decode_string_list(item, f"{where}[{key}]")
-        if not _SIGNED_LITERAL.fullmatch(key) or not _INT64_MIN <= int(key) <= _INT64_MAX:
+        if not _SIGNED_LITERAL.fullmatch(key) or not INT64_MIN <= int(key) <= INT64_MAX:
             raise CheckpointFormatError(f"{where}: map key {key!r} is not an int64")
         target[int(key)] = devices
     return target

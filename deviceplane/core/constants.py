@@ -28,3 +28,7 @@ NOTIFY_TIMEOUT_SECONDS: Final = 5.0
 PLUGIN_TYPE_DEVICE_PLUGIN: Final = "DevicePlugin"
 PLUGIN_TYPE_CSI: Final = "CSIPlugin"
 PLUGIN_TYPE_DRA: Final = "DRAPlugin"
+
+# Go's int64: checkpoint NUMA ids and pod quantities must fit it.
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from deviceplane.core.constants import INT64_MAX
 from deviceplane.core.names import is_extended_resource_name
 
 PHASE_PENDING = "Pending"
@@ -32,25 +33,13 @@ _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 # apimachinery's `resource.Quantity`: a signed decimal number, then a binary-SI or decimal-SI suffix or an exponent.
 _QUANTITY = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(?:(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE]([+-]?[0-9]+))?")
+# Suffix -> the power of ten (decimal SI) or of two (binary SI) it multiplies by.
+_DECIMAL_SUFFIXES = {None: 0, "n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _SUFFIX_SCALE: dict[str | None, Fraction] = {
-    None: Fraction(1),
-    "n": Fraction(1, 10**9),
-    "u": Fraction(1, 10**6),
-    "m": Fraction(1, 10**3),
-    "k": Fraction(10**3),
-    "M": Fraction(10**6),
-    "G": Fraction(10**9),
-    "T": Fraction(10**12),
-    "P": Fraction(10**15),
-    "E": Fraction(10**18),
-    "Ki": Fraction(2**10),
-    "Mi": Fraction(2**20),
-    "Gi": Fraction(2**30),
-    "Ti": Fraction(2**40),
-    "Pi": Fraction(2**50),
-    "Ei": Fraction(2**60),
+    **{suffix: Fraction(10) ** power for suffix, power in _DECIMAL_SUFFIXES.items()},
+    **{suffix: Fraction(2**power) for suffix, power in _BINARY_SUFFIXES.items()},
 }
-_INT64_MAX = 2**63 - 1
 # int64 has 19 digits: a longer number counts no devices (and int() of thousands of digits fails), and an exponent
 # past 40 puts any non-zero value far above int64 or below a thousandth.
 _QUANTITY_DIGITS_LIMIT = 40
@@ -126,7 +115,7 @@ def parse_quantity(value: Any, where: str) -> int:
         raise PodError(f"{where}: invalid quantity {_shown(value)}: {_NOT_WHOLE}")
     if number < 0:
         raise PodError(f"{where}: must be greater than or equal to 0")
-    if number > _INT64_MAX:
+    if number > INT64_MAX:
         raise PodError(f"{where}: invalid quantity {_shown(value)}: too large")
     return number
 

@@ -12,6 +12,7 @@ import secrets
 
 # The same rule the agent applies on Register: one implementation, so plugin and agent can never disagree.
 from deviceplane.core.names import is_extended_resource_name
+from deviceplane.unix_sockets import MAX_SOCKET_PATH
 
 __all__ = ["MAX_SOCKET_PATH", "check_resource_name", "is_extended_resource_name", "socket_file_name"]
 
@@ -23,10 +24,6 @@ def check_resource_name(name: str) -> None:
             f"invalid resource name {name!r}: must look like 'vendor.example.com/name' "
             "(a DNS subdomain, '/', then up to 63 letters, digits, '-', '_' or '.'; not in kubernetes.io)"
         )
-
-
-# Unix socket paths are limited by sockaddr_un.sun_path (108 bytes on Linux, including the terminating NUL).
-MAX_SOCKET_PATH = 107
 
 
 def socket_file_name(resource: str, token: str | None = None) -> str:

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import secrets
-import stat
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
@@ -27,6 +26,7 @@ from deviceplane.plugin.service import Hooks, build_server
 from deviceplane.plugin.signals import stop_on_signals
 from deviceplane.plugin.supervise import keep_running
 from deviceplane.plugin.watch import dir_changes
+from deviceplane.unix_sockets import SocketIdentity, kubelet_socket_identity, socket_identity
 
 log = logging.getLogger("deviceplane.plugin")
 
@@ -38,34 +38,9 @@ REGISTRY_DIR_ENV = "DEVICEPLANE_REGISTRY_DIR"
 RETRY_INITIAL = 0.1
 RETRY_MAX = 5.0
 
-SocketIdentity = tuple[int, ...]
-
 
 class PluginError(Exception):
     """The plugin cannot start: a message for humans, no traceback needed."""
-
-
-def _socket_stat(path: Path) -> os.stat_result | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info if stat.S_ISSOCK(info.st_mode) else None
-
-
-def socket_identity(path: Path) -> SocketIdentity | None:
-    """Our own socket: the same file as long as the inode is. Not ctime: a chmod/chown/touch or an SELinux relabel
-    changes it, and must not restart the server (cutting the kubelet's stream)."""
-    info = _socket_stat(path)
-    return None if info is None else (info.st_dev, info.st_ino)
-
-
-def kubelet_socket_identity(path: Path) -> SocketIdentity | None:
-    """kubelet.sock: the kubelet deletes and re-creates it on every restart, and the new one may reuse the inode
-    number, so ctime is part of it. A metadata change then costs a redundant registration; a missed restart would
-    leave the plugin unregistered."""
-    info = _socket_stat(path)
-    return None if info is None else (info.st_dev, info.st_ino, info.st_ctime_ns)
 
 
 class DevicePlugin:

@@ -94,6 +94,19 @@ def wait_ready(cluster: Cluster, op: Operator, namespace: str, name: str, nodes:
     )
 
 
+def ready_on_a_node_of_its_own(
+    op: Operator, kwok_nodes: Any, namespace: str, name: str, **spec: Any
+) -> tuple[str, dict[str, Any]]:
+    """Config `name` selecting one new kwok node by a label of its own, applied and Ready: (the node, the config)."""
+    t = tag()
+    label = f"e2e-{name}-{t}"
+    (node,) = kwok_nodes(1, prefix=name, labels={label: "yes"}, taints=[])
+    config = dpc(name, namespace, f"example.com/{name}-{t}", nodeSelector={label: "yes"}, **spec)
+    op.cluster.apply(config)
+    wait_ready(op.cluster, op, namespace, name, {node})
+    return node, config
+
+
 def delete_configs(cluster: Cluster, namespace: str, *names: str) -> None:
     """Delete configs and wait for their plugin pods to go while the kwok nodes still exist: namespace deletion
     removes pods first, and a pod left on a deleted kwok node (no kubelet, no pod GC here) never goes."""
@@ -349,11 +362,7 @@ def test_own_daemonset_relabelled_by_hand_is_adopted_back(operator: Operator, kw
     DaemonSet's controller ownerReference still names this config's uid: the operator adopts it back and restores
     its labels, and the config is Ready again (not Degraded/DaemonSetNotOurs)."""
     cluster = operator.cluster
-    t = tag()
-    label = f"e2e-lbl-{t}"
-    (node,) = kwok_nodes(1, prefix="lbl", labels={label: "yes"}, taints=[])
-    cluster.apply(dpc("lbl", namespace, f"example.com/lbl-{t}", nodeSelector={label: "yes"}))
-    wait_ready(cluster, operator, namespace, "lbl", {node})
+    ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "lbl")
 
     def labels() -> dict[str, str]:
         return dict(cluster.get_json("daemonset", "lbl-plugin", "-n", namespace)["metadata"]["labels"])
@@ -379,11 +388,7 @@ def test_hand_added_pod_spec_fields_are_reverted_and_defaults_cause_no_update(
     its own: added by hand, they are removed. Then, with the real API server's defaults on the live object, more
     reconciles of the unchanged config send no DaemonSet update at all (no update storm)."""
     cluster = operator.cluster
-    t = tag()
-    label = f"e2e-aff-{t}"
-    (node,) = kwok_nodes(1, prefix="aff", labels={label: "yes"}, taints=[])
-    cluster.apply(dpc("aff", namespace, f"example.com/aff-{t}", nodeSelector={label: "yes"}))
-    wait_ready(cluster, operator, namespace, "aff", {node})
+    node, _ = ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "aff")
     not_here = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}]}
     added = {
         "affinity": {
@@ -424,12 +429,7 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     DaemonSet (422, duplicate volume name). The old DaemonSet keeps running the previous spec, so the config must
     not be Ready for its new generation, and the reconcile counts as failed."""
     cluster = operator.cluster
-    t = tag()
-    label = f"e2e-rej-{t}"
-    (node,) = kwok_nodes(1, prefix="rej", labels={label: "yes"}, taints=[])
-    config = dpc("rej", namespace, f"example.com/rej-{t}", nodeSelector={label: "yes"})
-    cluster.apply(config)
-    wait_ready(cluster, operator, namespace, "rej", {node})
+    _, config = ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "rej")
     failed = 'deviceplane_operator_reconcile_total{result="failed"}'
     failed_before = operator.metric(failed)
 
@@ -454,14 +454,8 @@ def test_deleting_the_configmap_does_not_roll_the_plugin(operator: Operator, kwo
     not change the pod template: the running pods stay, the status says Degraded/ConfigMapMissing. Recreating the
     ConfigMap with the same content clears it, still without a rollout."""
     cluster = operator.cluster
-    t = tag()
-    label = f"e2e-cm-{t}"
-    (node,) = kwok_nodes(1, prefix="cm", labels={label: "yes"}, taints=[])
     cluster.kubectl("create", "configmap", "cm-config", "-n", namespace, "--from-literal=devices=4")
-    cluster.apply(
-        dpc("cm", namespace, f"example.com/cm-{t}", nodeSelector={label: "yes"}, configMapRef={"name": "cm-config"})
-    )
-    wait_ready(cluster, operator, namespace, "cm", {node})
+    ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "cm", configMapRef={"name": "cm-config"})
 
     def template() -> dict[str, Any]:
         return dict(cluster.get_json("daemonset", "cm-plugin", "-n", namespace)["spec"]["template"])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.alloc_env import AllocEnv, alloc_env
+from tests.support.plugins import FakeKubelet, short_tmpdir
 from tests.support.procs import AgentProcess, TestPlugin
 
 
@@ -62,3 +63,14 @@ def env(short_tmp: Path) -> Iterator[AllocEnv]:
     with alloc_env(short_tmp) as e:
         e.start_agent()
         yield e
+
+
+@pytest.fixture
+async def tmp_kubelet() -> AsyncIterator[tuple[Path, FakeKubelet]]:
+    """A short temp dir and the kubelet stand-in's Registration service on <dir>/dp/kubelet.sock (SDK tests)."""
+    with short_tmpdir() as tmp:
+        kubelet = await FakeKubelet(tmp / "dp").start()
+        try:
+            yield tmp, kubelet
+        finally:
+            await kubelet.stop()

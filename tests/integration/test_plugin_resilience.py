@@ -24,16 +24,6 @@ from tests.support.plugins import Connection, FakeKubelet, short_tmpdir, wait_un
 R = "example.com/x"
 
 
-@pytest.fixture
-async def tmp_kubelet() -> AsyncIterator[tuple[Path, FakeKubelet]]:
-    with short_tmpdir() as tmp:
-        kubelet = await FakeKubelet(tmp / "dp").start()
-        try:
-            yield tmp, kubelet
-        finally:
-            await kubelet.stop()
-
-
 @asynccontextmanager
 async def serving(plugin: DevicePlugin) -> AsyncIterator[asyncio.Task[None]]:
     task = asyncio.create_task(plugin.serve(handle_signals=False))

@@ -13,20 +13,10 @@ import grpc
 import pytest
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from tests.support.plugins import FakeKubelet, short_tmpdir, wait_until
+from tests.support.plugins import wait_until
 from tests.support.procs import ROOT, child_env
 
 EXAMPLE = ROOT / "examples" / "slot_plugin.py"
-
-
-@pytest.fixture
-async def tmp_kubelet() -> AsyncIterator[tuple[Path, FakeKubelet]]:
-    with short_tmpdir() as tmp:
-        kubelet = await FakeKubelet(tmp / "dp").start()
-        try:
-            yield tmp, kubelet
-        finally:
-            await kubelet.stop()
 
 
 @pytest.fixture

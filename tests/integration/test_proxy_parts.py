@@ -13,13 +13,14 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deviceplane.agent.proxy.endpoint import MAX_SOCKET_PATH, endpoint_name, socket_identity
+from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.agent.proxy.feed import SnapshotFeed, all_unhealthy
 from deviceplane.agent.proxy.ownership import Ownership, kubelet_view
 from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.lean_grpc.status import trailing_metadata
+from deviceplane.unix_sockets import MAX_SOCKET_PATH, socket_identity
 from tests.support.plugins import short_tmpdir
 
 

@@ -9,10 +9,7 @@ the API server sent, as it sees static pod files.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,37 +230,3 @@ def decode_event(line: str, what: str) -> dict[str, Any]:
 def list_lines(response: Any) -> Iterator[str]:
     """The non-empty lines of a streamed response; read errors surface from the iteration (wrapped by `_call`)."""
     return (line for line in _iter_resp_lines(response) if line)
-
-
-async def off_loop(fn: Callable[..., T], *args: Any) -> T:
-    """Run a blocking call in a daemon thread and await its result.
-
-    Not `asyncio.to_thread`: the default executor is joined when the loop closes, so a request hanging on an
-    unreachable server would hold up the agent's exit; a daemon thread is simply left behind (it ends with its
-    request's timeout)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if future.done():
-            return
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)  # type: ignore[arg-type]
-
-    def target() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as err:
-            _post(loop, settle, None, err)
-        else:
-            _post(loop, settle, result, None)
-
-    threading.Thread(target=target, name=f"kube:{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return await future
-
-
-def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting any more
-        loop.call_soon_threadsafe(fn, *args)

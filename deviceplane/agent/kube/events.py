@@ -17,8 +17,9 @@ import time
 from typing import Any
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeApi, off_loop
+from deviceplane.agent.kube.client import KubeApi
 from deviceplane.agent.kube.errors import KubeError
+from deviceplane.aio import off_loop
 from deviceplane.core.pods import Pod
 from deviceplane.core.topology import TOPOLOGY_AFFINITY_ERROR
 from deviceplane.core.view import rfc3339

@@ -24,9 +24,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi, off_loop
+from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
+from deviceplane.aio import off_loop
 from deviceplane.api.models import DevicesStatus
 
 log = logging.getLogger("deviceplane.kube.node_devices")

@@ -24,8 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeApi, off_loop
+from deviceplane.agent.kube.client import KubeApi
 from deviceplane.agent.kube.errors import KubeError
+from deviceplane.aio import off_loop
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.pods import PodError, parse_quantity
 from deviceplane.core.registry import Capacity

@@ -19,8 +19,9 @@ from typing import Any
 
 from deviceplane.agent.admission.pod_source import PodSink
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeApi, WatchEvent, off_loop
+from deviceplane.agent.kube.client import KubeApi, WatchEvent
 from deviceplane.agent.kube.errors import KubeError, ResourceExpired
+from deviceplane.aio import off_loop
 from deviceplane.core.pods import PodError, parse_pod
 
 log = logging.getLogger("deviceplane.kube.pods")

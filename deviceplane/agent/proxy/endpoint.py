@@ -15,33 +15,11 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.typed_grpc import registration_stub
 from deviceplane.core.constants import VERSION
 from deviceplane.core.registry import PluginOptions
+from deviceplane.unix_sockets import MAX_SOCKET_PATH, SocketIdentity, socket_identity
 
 log = logging.getLogger("deviceplane.agent.proxy")
 
 SOCKET_PREFIX = "deviceplane-proxy-"
-MAX_SOCKET_PATH = 107  # sun_path is 108 bytes, NUL included
-SocketIdentity = tuple[int, ...]
-
-
-def socket_identity(path: Path) -> SocketIdentity | None:
-    """Our proxy socket's identity, (device, inode): only we create a socket at its path, so a new inode means the
-    socket was replaced. Not the ctime: chmod, chown or touch change it, and the socket is still ours."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
-
-
-def kubelet_socket_identity(path: Path) -> SocketIdentity | None:
-    """kubelet.sock's identity, (device, inode, ctime): the kubelet deletes its socket and creates it again at once
-    when it starts, and the new one may get the old inode number. A metadata change of it costs one needless
-    registration at most."""
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino, info.st_ctime_ns
 
 
 def endpoint_name(resource: str, directory: Path) -> str:

@@ -27,18 +27,14 @@ import grpc
 from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.plugins.plugin_client import PluginClient
-from deviceplane.agent.proxy.endpoint import (
-    ProxyEndpoint,
-    SocketIdentity,
-    kubelet_socket_identity,
-    remove_stale_endpoints,
-)
+from deviceplane.agent.proxy.endpoint import ProxyEndpoint, remove_stale_endpoints
 from deviceplane.agent.proxy.feed import SnapshotFeed
 from deviceplane.agent.proxy.forwarder import ForwardedCall, ResourceForwarder
 from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.constants import KUBELET_SOCKET_NAME
 from deviceplane.core.registry import DeviceRegistry, PluginOptions
+from deviceplane.unix_sockets import SocketIdentity, kubelet_socket_identity
 
 log = logging.getLogger("deviceplane.agent.proxy")
 
