@@ -63,9 +63,9 @@ class PluginWatcher:
         self._handler = handler
         self._dial_timeout = dial_timeout
         self._registered: dict[str, Registered] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._working: set[str] = set()  # sockets with a reconcile in flight
+        # Sockets with a reconcile in flight: one at a time per socket, as upstream serialises operations per plugin.
+        self._working: set[str] = set()
         # socket -> (its mtime when registering it failed, the next attempt's time, the delay after that one)
         self._retries: dict[str, tuple[int, float, float]] = {}
 
@@ -131,20 +131,13 @@ class PluginWatcher:
         task.add_done_callback(lambda _: self._working.discard(socket_path))
 
     async def _reconcile(self, socket_path: str, mtime: int | None) -> None:
-        # Operations on one socket are serialised, as upstream serialises them per plugin.
-        lock = self._locks.setdefault(socket_path, asyncio.Lock())
-        try:
-            async with lock:
-                known = self._registered.get(socket_path)
-                if known is not None and (mtime is None or known.mtime_ns != mtime):
-                    del self._registered[socket_path]
-                    await self._handler.deregister(known.resource, known.endpoint, "plugin socket removed")
-                    log.info("plugin deregistered", extra={"socket": socket_path})
-                if mtime is not None and socket_path not in self._registered:
-                    await self._register(socket_path, mtime)
-        finally:
-            if not lock.locked() and socket_path not in self._registered:
-                self._locks.pop(socket_path, None)
+        known = self._registered.get(socket_path)
+        if known is not None and (mtime is None or known.mtime_ns != mtime):
+            del self._registered[socket_path]
+            await self._handler.deregister(known.resource, known.endpoint, "plugin socket removed")
+            log.info("plugin deregistered", extra={"socket": socket_path})
+        if mtime is not None and socket_path not in self._registered:
+            await self._register(socket_path, mtime)
 
     async def _register(self, socket_path: str, mtime: int) -> None:
         async with grpc.aio.insecure_channel(
