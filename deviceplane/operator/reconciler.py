@@ -105,10 +105,14 @@ class _Applied:
 
     live: Mapping[str, Any] | None  # the DaemonSet as it now is (None: none of ours exists)
     changed: bool = False
-    problem: tuple[str, str] | None = None  # (reason, message) for Degraded
-    failed: bool = False  # the DaemonSet does not carry what we rendered
+    problem: tuple[str, str] | None = None  # (reason, message) for Degraded: the write failed or was not ours to make
     retry: bool = False
     stale: bool = False  # the DaemonSet changed or went since our cache saw it (409/404): nothing to report
+
+    @property
+    def failed(self) -> bool:
+        """The DaemonSet does not carry what we rendered."""
+        return self.problem is not None
 
 
 @dataclass
@@ -332,9 +336,9 @@ class Reconciler:
             self._metrics.failures.labels("api_error").inc()
             if is_transient(exc):
                 message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
-                return _Applied(live, problem=("DaemonSetWriteFailed", message), failed=True, retry=True)
+                return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
             message = f"the API server refused the DaemonSet: {_api_message(exc)}"
-            return _Applied(live, problem=("DaemonSetRejected", message), failed=True)
+            return _Applied(live, problem=("DaemonSetRejected", message))
         return _Applied(written or live, changed=written is not None)
 
     async def _create_daemonset(self, key: ConfigKey, uid: str, rendered: dict[str, Any]) -> _Applied:
@@ -365,7 +369,7 @@ class Reconciler:
         message = (
             f"DaemonSet {key.namespace}/{key.daemonset} exists and is not managed by this config: delete or rename it"
         )
-        return _Applied(None, problem=("DaemonSetNotOurs", message), failed=True)
+        return _Applied(None, problem=("DaemonSetNotOurs", message))
 
     async def _update_daemonset(
         self, key: ConfigKey, rendered: dict[str, Any], live: Mapping[str, Any]
@@ -443,7 +447,7 @@ def _outdated(applied: _Applied, rendered: Mapping[str, Any]) -> str | None:
     """Why the live DaemonSet does not run what this config now renders (None: it does, or there is none)."""
     if applied.live is None:
         return None
-    if applied.failed and applied.problem is not None:
+    if applied.problem is not None:
         return f"the DaemonSet still runs an older rendering of this config: {applied.problem[1]}"
     if render_hash(applied.live) != render_hash(rendered):
         return "the DaemonSet still runs an older rendering of this config: its update is pending"
