@@ -9,7 +9,8 @@ per wrapped call, measured warm with timeit; the product has no such hooks):
     request sent          lean_grpc Connection.start returned (request built, framed, written to the socket)
     response arrives      Connection.buffer_updated entered, first time after the request (bytes read)
     Allocate returned     PluginClient.allocate returned (frames parsed, the call's task woken, message parsed)
-    durable write         Journal._durable_write entered / returned (the record's pwritev with RWF_DSYNC)
+    durable write         Journal._durable_write entered / returned (the record's pwritev with RWF_DSYNC), and the
+                          CPU it was issued on (sched_getcpu)
     admission ends        Admitter._admit returned
 
 The phases are wall-clock time, not CPU: the `send` that writes the request wakes the plugin, which the scheduler may
@@ -21,6 +22,11 @@ median of each phase is printed. In the same run, the floor's parts as compare.p
 Allocate round trip to the same sim, a pwrite + fdatasync of a 512-byte record in a tight loop), and the same
 durable write issued after the CPU idled for about one round trip, as an admission issues it.
 
+The durable write's cost depends on the CPU that issues it: a disk with one completion interrupt (this VM's
+virtio-blk: one queue, its interrupt on one CPU) completes a write issued elsewhere through that CPU and a second
+wake-up. So the admissions' writes are also split by the CPU they were issued on, and the floor's write is timed
+pinned to each CPU in turn, beside the CPUs the filesystem's disk interrupts (from /proc/irq).
+
     python benchmarks/admission_phases.py [--rounds 3] [--pods 1000]
 """
 
@@ -28,12 +34,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +121,31 @@ def hooked_agent(out: str, argv: list[str]) -> int:
     around_async(PluginClient, "allocate", "call", "returned")
     around_sync(Connection, "start", None, "sent")
     around_sync(Connection, "buffer_updated", "arrived", None)
-    around_sync(Journal, "_durable_write", "write", "written")
+    getcpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    durable_write = Journal._durable_write
+
+    def noted_write(self: Any, view: memoryview) -> int:
+        note(("cpu", getcpu()))  # read before the clock: not part of the write's time
+        note(("write", clock()))
+        try:
+            return durable_write(self, view)
+        finally:
+            note(("written", clock()))
+
+    Journal._durable_write = noted_write  # type: ignore[method-assign]
     try:
         return main(argv)
     finally:
         Path(out).write_text(json.dumps(marks))
 
 
-def phases_of(marks: list[tuple[str, int]]) -> tuple[dict[str, list[float]], list[float]]:
-    """Per phase, the seconds of each complete admission; and each one's total. Marks outside an admission (the
-    releases' journal writes, ListAndWatch traffic) are ignored; within one, the first reading of each kind counts."""
+def phases_of(marks: list[tuple[str, int]]) -> tuple[dict[str, list[float]], list[float], dict[int, list[float]]]:
+    """Per phase, the seconds of each complete admission; each one's total; and its durable write's seconds by the
+    CPU that issued it. Marks outside an admission (the releases' journal writes, ListAndWatch traffic) are ignored;
+    within one, the first reading of each kind counts."""
     phases: dict[str, list[float]] = {f"{a}>{b}": [] for a, b, _ in PHASES}
     totals: list[float] = []
+    writes_by_cpu: dict[int, list[float]] = {}
     seen: dict[str, int] | None = None
     for kind, ns in marks:
         if kind == "start":
@@ -135,8 +157,9 @@ def phases_of(marks: list[tuple[str, int]]) -> tuple[dict[str, list[float]], lis
                     for a, b, _ in PHASES:
                         phases[f"{a}>{b}"].append((seen[b] - seen[a]) / 1e9)
                     totals.append((seen["end"] - seen["start"]) / 1e9)
+                    writes_by_cpu.setdefault(seen["cpu"], []).append((seen["written"] - seen["write"]) / 1e9)
                 seen = None
-    return phases, totals
+    return phases, totals, writes_by_cpu
 
 
 def _in_order(seen: dict[str, int]) -> bool:
@@ -169,6 +192,7 @@ def run(rounds: int, pods: int) -> None:
         client: list[float] = []
         inside: list[float] = []
         floors: dict[str, list[float]] = {"rtt": [], "fdatasync": [], "after idle": []}
+        cpus = sorted(os.sched_getaffinity(0))
         try:
             side.start()
             wait(lambda: side.counts(PLAIN) == (MEASURED_DEVICES, MEASURED_DEVICES), 60, "the sim registered")
@@ -183,11 +207,49 @@ def run(rounds: int, pods: int) -> None:
                 floors["rtt"].append(rtt)
                 floors["fdatasync"].append(statistics.median(fdatasyncs(side.work, 200)))
                 floors["after idle"].append(statistics.median(fdatasyncs(side.work, 200, idle=rtt)))
+                for cpu in cpus:
+                    with pinned(cpu):
+                        floors.setdefault(f"cpu {cpu}", []).append(statistics.median(fdatasyncs(side.work, 200)))
         finally:
             stop_procs(sims)
             side.stop()
-        phases, totals = phases_of(json.loads(side.marks_file.read_text()))
+        phases, totals, writes_by_cpu = phases_of(json.loads(side.marks_file.read_text()))
+        interrupts = completion_interrupts(side.work)
     report(phases, totals, client, inside, {k: statistics.median(v) for k, v in floors.items()})
+    report_cpus(writes_by_cpu, {cpu: statistics.median(floors[f"cpu {cpu}"]) for cpu in cpus}, interrupts)
+
+
+@contextlib.contextmanager
+def pinned(cpu: int) -> Iterator[None]:
+    """This process (the benchmark's client, not the agent) runs on `cpu` only while the block runs."""
+    allowed = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, allowed)
+
+
+def completion_interrupts(path: Path) -> list[tuple[str, str]]:
+    """The interrupts of the disk holding `path` and the CPUs they are delivered to: (name, CPU list) from
+    /proc/irq, matched through the disk's device in sysfs (its virtio or PCI device name). Empty where unknown."""
+    dev = os.stat(path).st_dev
+    try:
+        device = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve()
+    except OSError:
+        return []
+    names = {part for part in device.parts if part.startswith("virtio") or ":" in part}
+    found = []
+    for irq in sorted(Path("/proc/irq").glob("[0-9]*"), key=lambda d: int(d.name)):
+        try:
+            actions = [entry.name for entry in irq.iterdir() if entry.is_dir()]
+            cpus = (irq / "effective_affinity_list").read_text().strip()
+        except OSError:
+            continue
+        for action in actions:
+            if any(action.startswith(name) for name in names) and not action.endswith("config"):
+                found.append((action, cpus))
+    return found
 
 
 def report(
@@ -216,6 +278,21 @@ def report(
     print(f"{us(floor['after idle'])}   the same write, each after the CPU idled for one round trip")
     sum_floor = floor["rtt"] + floor["fdatasync"]
     print(f"{us(sum_floor)}   floor (round trip + fdatasync); durationNs p50 = {median(inside) / sum_floor:.2f}x floor")
+
+
+def report_cpus(
+    writes_by_cpu: dict[int, list[float]], floor_by_cpu: dict[int, float], interrupts: list[tuple[str, str]]
+) -> None:
+    print()
+    where = ", ".join(f"{name} on CPU {cpus}" for name, cpus in interrupts) or "not found"
+    print(f"the durable write by the CPU that issued it (the disk's completion interrupts: {where}):")
+    print(f"{'us (p50)':>8}  {'floor':>7}  share  CPU")
+    total = sum(len(w) for w in writes_by_cpu.values())
+    for cpu in sorted(set(writes_by_cpu) | set(floor_by_cpu)):
+        writes = writes_by_cpu.get(cpu, [])
+        inside = us(statistics.median(writes)) if writes else f"{'-':>7}"
+        floor = us(floor_by_cpu[cpu]) if cpu in floor_by_cpu else f"{'-':>7}"
+        print(f"{inside}  {floor}  {len(writes) / total:5.0%}  {cpu}  (admissions' writes; the floor's, pinned here)")
 
 
 def main() -> None:
