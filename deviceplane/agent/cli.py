@@ -55,12 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plugin-dir",
         type=Path,
         default=Path("/var/lib/deviceplane/device-plugins"),
-        help="registration socket kubelet.sock and the checkpoint live here",
+        help="registration socket kubelet.sock and the checkpoint live here [%(default)s]",
     )
     parser.add_argument(
-        "--pod-resources-socket", type=Path, default=Path("/var/lib/deviceplane/pod-resources/kubelet.sock")
+        "--pod-resources-socket",
+        type=Path,
+        default=Path("/var/lib/deviceplane/pod-resources/kubelet.sock"),
+        help="serve the PodResourcesLister v1 API here [%(default)s]",
     )
-    parser.add_argument("--pod-manifest-dir", type=Path, default=None, help="static pods, one Pod per file")
+    parser.add_argument(
+        "--pod-manifest-dir", type=Path, default=None, help="static pods, one Pod (YAML or JSON) per file [none]"
+    )
     parser.add_argument("--node-name", default=None, help="[hostname, or $NODE_NAME]")
     parser.add_argument(
         "--kubeconfig",
@@ -86,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=NODEDEVICES_MAX_DEVICES,
         help="devices listed per resource in NodeDevices (counts stay exact) [128]",
     )
-    parser.add_argument("--topology-policy", choices=TOPOLOGY_POLICIES, default="none")
+    parser.add_argument("--topology-policy", choices=TOPOLOGY_POLICIES, default="none", help="[%(default)s]")
     parser.add_argument("--numa-nodes", type=int, default=None, help="[read from /sys/devices/system/node]")
     parser.add_argument(
         "--grace-period",
@@ -94,7 +99,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=300.0,
         help="how long a disconnected plugin's resource stays before it is deleted [300s]",
     )
-    parser.add_argument("--http-addr", type=http_address, default="127.0.0.1:9450")
+    parser.add_argument(
+        "--http-addr",
+        type=http_address,
+        default="127.0.0.1:9450",
+        help="/metrics, /healthz, /readyz, /api/v1/devices, /api/v1/pods [%(default)s]",
+    )
     parser.add_argument(
         "--plugins-registry-dir",
         type=Path,
@@ -151,8 +161,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "this often, instead of in the middle of them; 0 leaves CPython's collector as it is "
         f"[{SETTLE_INTERVAL_SECONDS:g}s]",
     )
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    parser.add_argument("--log-format", default="json", choices=("json", "text"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="[%(default)s]"
+    )
+    parser.add_argument(
+        "--log-format", default="json", choices=("json", "text"), help="json: one object per line [%(default)s]"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

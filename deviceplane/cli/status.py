@@ -24,13 +24,20 @@ class Unreachable(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"the agent's HTTP address (--http-addr) [{DEFAULT_URL}]")
+    parser.add_argument(
+        "--url", default=DEFAULT_URL, help=f"the agent's URL, or its --http-addr (HOST:PORT) [{DEFAULT_URL}]"
+    )
     parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+
+
+def base_url(url: str) -> str:
+    """`--url` as given: a URL, or the agent's `--http-addr` as is (HOST:PORT, no scheme), read as http://HOST:PORT."""
+    return (url if "://" in url else f"http://{url}").rstrip("/")
 
 
 def fetch(url: str, path: str) -> Any:
     try:
-        with urllib.request.urlopen(url.rstrip("/") + path, timeout=TIMEOUT_SECONDS) as response:
+        with urllib.request.urlopen(base_url(url) + path, timeout=TIMEOUT_SECONDS) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
         raise Unreachable(f"{path} answered {err.code} {err.reason}") from err

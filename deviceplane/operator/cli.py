@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--namespace",
         action="append",
         default=[],
-        help="watch only this namespace for DevicePluginConfigs (repeatable) [all namespaces]",
+        help="watch only this namespace: its DevicePluginConfigs, DaemonSets, pods and ConfigMaps; nodes stay "
+        "cluster-wide (repeatable) [all namespaces]",
     )
     parser.add_argument(
         "--peering",
@@ -51,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-metrics", action="store_true", help="do not serve metrics")
     parser.add_argument("--workers", type=int, default=4, help="configs reconciled concurrently [%(default)s]")
     add_loop_stall_argument(parser)
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    parser.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error"), help="[%(default)s]"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Conflict")
 RESULTS = ("unchanged", "changed", "failed")
 WRITE_KINDS = ("daemonset_create", "daemonset_update", "status")
+FAILURE_CAUSES = ("api_error", "conflict", "invalid_spec", "internal")
 
 
 class ConfigsCollector(Collector):
@@ -62,7 +63,7 @@ class OperatorMetrics:
         )
         self.failures = Counter(
             "deviceplane_operator_reconcile_failures",
-            "Failed reconciliations by cause (bounded: api_error, conflict, invalid_spec, internal).",
+            f"Failed reconciliations by cause (bounded: {', '.join(FAILURE_CAUSES)}).",
             ["cause"],
             registry=self.registry,
         )
@@ -70,6 +71,10 @@ class OperatorMetrics:
             self.reconciles.labels(result)
         for kind in WRITE_KINDS:
             self.writes.labels(kind)
+        # Every cause at 0 from the start: `increase()` cannot see a series' first sample, so a cause counted once
+        # (a refused spec is final until the config changes) would otherwise never show in rates or alerts.
+        for cause in FAILURE_CAUSES:
+            self.failures.labels(cause)
 
     def track_configs(self, statuses: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
         """Export configs by condition from `statuses` (the reconciler's last computed ones) at scrape time."""

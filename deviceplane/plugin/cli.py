@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from deviceplane.plugin import files, sim_app
-from deviceplane.plugin.plugin import DEFAULT_PLUGIN_DIR, PluginError
+from deviceplane.plugin.plugin import DEFAULT_PLUGIN_DIR, PLUGIN_DIR_ENV, REGISTRY_DIR_ENV, PluginError
 
 PLUGINS = {module.NAME: module for module in (files, sim_app)}
 
@@ -21,13 +21,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         plugin_parser.add_argument(
             "--plugin-dir",
             type=Path,
-            default=DEFAULT_PLUGIN_DIR,
-            help="where kubelet.sock is and the plugin's socket goes [%(default)s]",
+            default=None,  # as the SDK: $DEVICEPLANE_PLUGIN_DIR, else the kubelet's directory
+            help=f"where kubelet.sock is and the plugin's socket goes [${PLUGIN_DIR_ENV}, else {DEFAULT_PLUGIN_DIR}]",
         )
         plugin_parser.add_argument(
             "--registry-dir",
             type=Path,
-            help="register through this plugins_registry directory (kubelet plugin watcher) instead of kubelet.sock",
+            help="register through this plugins_registry directory (kubelet plugin watcher) instead of kubelet.sock "
+            f"[${REGISTRY_DIR_ENV}, else off]",
         )
         plugin_parser.add_argument(
             "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="[%(default)s]"

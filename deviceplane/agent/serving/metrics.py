@@ -23,6 +23,9 @@ INVALID_RESOURCE_LABEL = "<invalid>"
 # A pod's admission: ~1 ms with one Allocate, seconds with the startup wait for plugins, up to PreStart's 30 s.
 ADMISSION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ADMISSION_RESULTS = ("admitted", "failed")
+# The kubelet's DevicePluginAllocationDuration buckets: component-base's metrics.DefBuckets, which is client_golang's
+# prometheus.DefBuckets (prometheus_client's own default adds 0.075, 0.75 and 7.5).
+KUBELET_ALLOC_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class DeviceStateCollector(Collector):
@@ -76,6 +79,7 @@ class AgentMetrics:
             "deviceplane_device_plugin_alloc_duration_seconds",
             "Duration in seconds to serve a device plugin Allocation request. Broken down by resource name.",
             ["resource_name"],
+            buckets=KUBELET_ALLOC_DURATION_BUCKETS,
             registry=self.prometheus,
         )
         self.allocations_total = Counter(
