@@ -1,4 +1,4 @@
-from deviceplane.cli import main
+from deviceplane.cli import entry
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

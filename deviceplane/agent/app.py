@@ -64,6 +64,7 @@ from deviceplane.agent.state.durability import AllocationStore, CheckpointConten
 from deviceplane.agent.state.journal import INLINE_SYNC_LIMIT_SECONDS, Journal
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.agent.tasks import TaskFactory
+from deviceplane.aio import cancel_and_wait
 from deviceplane.core.allocator import Allocator
 from deviceplane.core.checkpoint import CheckpointEncoder
 from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_POD_RESOURCES_SOCKET
@@ -314,7 +315,9 @@ class Agent:
 
     def _readiness(self) -> str | None:
         if not self._ready:
-            return "starting"
+            # Start may wait on a supervised task (the plugin watcher's first look): say which, if it is failing.
+            waiting_on = self.supervisor.problem()
+            return "starting" if waiting_on is None else f"starting: {waiting_on}"
         problem = self._health() or self.supervisor.problem()
         if problem is None and self.ownership is not None:
             problem = self.ownership.ready()
@@ -428,7 +431,7 @@ async def run_agent(config: AgentConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await agent.start()
+        await _start_unless_stopped(agent, stop)
     except (OSError, KubeError, PluginDirBusyError) as err:
         log.error("agent failed to start: %s", err)
         await agent.stop()
@@ -436,3 +439,19 @@ async def run_agent(config: AgentConfig) -> int:
     await stop.wait()
     await agent.stop()
     return 0
+
+
+async def _start_unless_stopped(agent: Agent, stop: asyncio.Event) -> None:
+    """Start the agent; a stop signal meanwhile cuts start short at its current await. Start can wait long (the API
+    server check, a plugin watcher that cannot start yet), and a signal must not wait for it: the caller then stops
+    what start had built, as after a full start."""
+    starting = asyncio.create_task(agent.start(), name="agent start")
+    stopping = asyncio.create_task(stop.wait(), name="agent stop signal")
+    try:
+        await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait((starting, stopping))
+    if starting.cancelled():
+        log.info("stop signal during start")
+        return
+    starting.result()  # raises what start raised

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import watchfiles
+from watchfiles._rust_notify import WatchfilesRustInternalError
 
 from deviceplane.agent.plugins.contracts import PluginHandler, RegistrationError
 from deviceplane.aio import cancel_and_wait
@@ -48,6 +49,15 @@ class Registered:
     mtime_ns: int
 
 
+def is_utf8(path: str) -> bool:
+    """False for a name read from the file system that is not UTF-8 (os.fsdecode kept its bytes as surrogates)."""
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def is_plugin_socket(path: Path) -> bool:
     if path.name.startswith("."):
         return False
@@ -68,22 +78,42 @@ class PluginWatcher:
         self._working: set[str] = set()
         # socket -> (its mtime when registering it failed, the next attempt's time, the delay after that one)
         self._retries: dict[str, tuple[int, float, float]] = {}
+        # Sockets whose path is not UTF-8, found at the last rescan and logged then (see `_log_undialable`).
+        self._undialable: set[str] = set()
 
     async def run(self, ready: asyncio.Event | None = None) -> None:
         self._directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-        stop = asyncio.Event()
         try:
-            watcher = watchfiles.awatch(self._directory, recursive=True, stop_event=stop, debounce=50, step=20)
             self.rescan()
             if ready is not None:
                 ready.set()
             self._tasks.add(asyncio.create_task(self._reconcile_every_second(), name="plugin-watcher reconcile"))
-            async for _changes in watcher:
+            watch_again = True
+            while watch_again:
+                watch_again = await self._follow_events()
+        finally:
+            await cancel_and_wait(self._tasks)
+
+    async def _follow_events(self) -> bool:
+        """Rescan on every batch of directory events. True when the watch broke and should be made again: watchfiles
+        ends its watch with an internal error on an event naming a path that is not UTF-8, which a socket of any
+        name in the directory (a plugin's, a tool's) can cause, again and again."""
+        stop = asyncio.Event()
+        broke = False
+        try:
+            async for _changes in watchfiles.awatch(
+                self._directory, recursive=True, stop_event=stop, debounce=50, step=20
+            ):
                 # Like the kubelet's reconciler, compare desired (sockets on disk) with actual (registered).
                 self.rescan()
+        except* WatchfilesRustInternalError as broken:  # awatch raises it inside an ExceptionGroup
+            log.warning("plugin registry watch broke; watching again", extra={"error": str(broken.exceptions[0])})
+            broke = True
         finally:
             stop.set()
-            await cancel_and_wait(self._tasks)
+        if broke:  # a pause, so a watch that keeps breaking does not spin; the reconcile loop runs meanwhile
+            await asyncio.sleep(RECONCILE_INTERVAL_SECONDS)
+        return broke
 
     async def _reconcile_every_second(self) -> None:
         while True:
@@ -92,11 +122,17 @@ class PluginWatcher:
 
     def rescan(self) -> None:
         present: dict[str, int] = {}
+        undialable: set[str] = set()
         for root, _dirs, files in os.walk(self._directory):
             for name in files:
                 path = Path(root) / name
-                if is_plugin_socket(path):
+                if not is_plugin_socket(path):
+                    continue
+                if is_utf8(str(path)):
                     present[str(path)] = os.lstat(path).st_mtime_ns
+                else:
+                    undialable.add(str(path))
+        self._log_undialable(undialable)
         now = asyncio.get_running_loop().time()
         for socket_path, mtime in present.items():
             known = self._registered.get(socket_path)
@@ -108,6 +144,13 @@ class PluginWatcher:
         for socket_path in list(self._retries):
             if socket_path not in present:
                 del self._retries[socket_path]
+
+    def _log_undialable(self, undialable: set[str]) -> None:
+        """Once per socket (until it goes): gRPC takes its target as UTF-8 text, so a socket whose path is not UTF-8
+        cannot be dialled and is left alone (the kubelet, which reads names as bytes, would dial it)."""
+        for socket_path in sorted(undialable - self._undialable):
+            log.warning("plugin socket ignored: its path is not UTF-8", extra={"socket": ascii(socket_path)})
+        self._undialable = undialable
 
     def _backing_off(self, socket_path: str, mtime: int, now: float) -> bool:
         """Registering this socket failed and its next attempt is not due (a re-created socket is tried at once)."""

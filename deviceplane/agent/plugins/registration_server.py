@@ -38,8 +38,9 @@ class RegistrationServer:
         server = grpc.aio.server()
         add_registration(self._servicer, server)
         bind_unix_socket(server, self.socket)
-        await server.start()
+        # Ours from the bind on: a start cut short (a stop signal during start) still has stop() remove the socket.
         self._server = server
+        await server.start()
 
     async def keep_serving(self) -> None:
         """Runs until cancelled: when someone removes kubelet.sock, serve again, so plugins watching for it
