@@ -4,7 +4,9 @@ One strategic merge patch names only our resources, so every other key (cpu, mem
 agents) is left alone. A resource whose plugin is gone past the grace period is written as 0, as the kubelet does
 for removed device plugins (it never deletes the key). Writes happen only when the wanted values differ from the
 last successful write, coalesced (a burst of device events is one patch); a failed write is retried with backoff,
-always with the newest values (memory holds one desired state, however long the API server is away).
+always with the newest values (memory holds one desired state, however long the API server is away). A Node that
+does not exist (yet) is retried at a short pace instead (`NODE_MISSING_RETRY_MAX_SECONDS`), so an agent started
+before its Node's registration publishes within seconds of it.
 
 Started without a checkpoint (the node was recreated: `reset_extended_resources`), the publisher first reads the
 Node and its first write also zeroes every other extended resource found there, as the kubelet does at
@@ -26,6 +28,7 @@ from typing import Any
 from deviceplane.agent.kube.backoff import Backoff
 from deviceplane.agent.kube.client import KubeApi
 from deviceplane.agent.kube.errors import KubeError
+from deviceplane.agent.kube.node_devices import NODE_MISSING_RETRY_MAX_SECONDS
 from deviceplane.aio import off_loop
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.pods import PodError, parse_quantity
@@ -71,6 +74,7 @@ class NodeStatusPublisher:
         self.coalesce = coalesce
         self.resync = resync
         self.backoff = backoff or Backoff()
+        self.node_missing_backoff = Backoff(maximum=NODE_MISSING_RETRY_MAX_SECONDS)
         self._reset_pending = reset_extended_resources  # no checkpoint at start: the node was recreated
         self.published = False  # the first write succeeded
         self.writes = 0
@@ -124,12 +128,14 @@ class NodeStatusPublisher:
                 self._reset_pending = False
             await off_loop(self.api.patch_node_status, self.node, {"status": self.patch(wanted)})
         except KubeError as err:
-            delay = self.backoff.delay()
+            # 404: the Node does not exist (yet); the growing backoff would have published up to 30 s after it did.
+            delay = self.node_missing_backoff.delay() if err.status == 404 else self.backoff.delay()
             log.warning("cannot publish node status; retrying", extra={"error": str(err), "retry_in": delay})
             await asyncio.sleep(delay)
             self._wake.set()
             return
         self.backoff.reset()
+        self.node_missing_backoff.reset()
         if self._stale:
             zeroed = sorted(self._stale - set(wanted["capacity"]))
             log.info("stale extended resources zeroed", extra={"node": self.node, "resources": zeroed})
