@@ -116,9 +116,14 @@ def test_each_result_is_counted_once_under_its_resource(short_tmp: Path) -> None
                         (A, "unavailable", 1), (T, "topology", 1), (E, "empty_response", 1), (A, "rpc_error", 1),
                         (A, "preferred_rpc_error", 1), (A, "pre_start_error", 1), (A, "timeout", 1),
                         (C, "no_endpoint", 1)]  # fmt: skip
-            assert series == {
+            assert {name: n for name, n in series.items() if n} == {
                 f'deviceplane_allocations_total{{resource_name="{r}",result="{k}"}}': n for r, k, n in expected
             }
+            # Every result of a registered resource is there from its registration, at 0 until counted.
+            for resource in (A, B, C, E, T):
+                for result in AllocationResult:
+                    if result is not AllocationResult.INTERNAL:
+                        assert f'deviceplane_allocations_total{{resource_name="{resource}",result="{result}"}}' in series
             assert {k for _r, k, _n in expected} == {r.value for r in AllocationResult} - {
                 "changed_request",
                 "internal",

@@ -6,6 +6,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplane.agent.serving.metrics import AgentMetrics
+from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.registry import DeviceRegistry
 
 # The kubelet's DevicePluginAllocationDuration uses metrics.DefBuckets (client_golang's prometheus.DefBuckets).
@@ -24,3 +25,29 @@ def test_alloc_duration_has_the_kubelets_buckets() -> None:
         if sample.name.endswith("_bucket") and sample.labels["le"] != "+Inf"
     ]
     assert tuple(bounds) == KUBELET_DEF_BUCKETS
+
+
+def allocation_samples(metrics: AgentMetrics) -> dict[tuple[str, str], float]:
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(metrics.prometheus).decode())}
+    return {
+        (sample.labels["resource_name"], sample.labels["result"]): sample.value
+        for sample in families["deviceplane_allocations"].samples
+        if sample.name == "deviceplane_allocations_total"
+    }
+
+
+def test_allocation_results_exist_at_zero_once_a_resource_registers() -> None:
+    """The plugin-calls alert takes `increase()` of these series, which cannot see a series' first sample: a failure
+    kind first counted in a series made for it (the first timeout of a resource) never fired it."""
+    metrics = AgentMetrics(DeviceRegistry(300.0), "node", lambda _resource: 0)
+    assert allocation_samples(metrics) == {("", "internal"): 0.0}
+    metrics.count_registration("example.com/gpu")
+    metrics.count_registration("not a resource name")
+    samples = allocation_samples(metrics)
+    wanted = {
+        ("example.com/gpu", result.value) for result in AllocationResult if result is not AllocationResult.INTERNAL
+    }
+    assert set(samples) == wanted | {("", "internal")}
+    assert all(value == 0.0 for value in samples.values())
+    metrics.count_allocation("example.com/gpu", AllocationResult.TIMEOUT)
+    assert allocation_samples(metrics)["example.com/gpu", "timeout"] == 1.0

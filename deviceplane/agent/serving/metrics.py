@@ -118,6 +118,7 @@ class AgentMetrics:
         # Label children by their labels: `labels()` costs a lock and tuple checks per call, twice per admission.
         self._alloc_durations: dict[str, Histogram] = {}
         self._allocation_counts: dict[tuple[str, AllocationResult], Counter] = {}
+        self._allocation_count("", AllocationResult.INTERNAL)
 
     def observe_admission(self, admitted: bool, seconds: float) -> None:
         self._admissions[("admitted",) if admitted else ("failed",)].observe(seconds)
@@ -129,15 +130,27 @@ class AgentMetrics:
         child.observe(seconds)
 
     def count_registration(self, resource: str) -> None:
-        """Counted before validation, as upstream: rejected attempts show up too."""
-        label = resource if is_extended_resource_name(resource) else INVALID_RESOURCE_LABEL
-        self.registration_total.labels(label).inc()
+        """Counted before validation, as upstream: rejected attempts show up too. A valid name's allocation
+        results are exported at 0 from then on (`_allocation_count`)."""
+        if is_extended_resource_name(resource):
+            self.registration_total.labels(resource).inc()
+            for result in AllocationResult:
+                if result is not AllocationResult.INTERNAL:
+                    self._allocation_count(resource, result)
+        else:
+            self.registration_total.labels(INVALID_RESOURCE_LABEL).inc()
 
     def count_allocation(self, resource: str, result: AllocationResult) -> None:
+        self._allocation_count(resource, result).inc()
+
+    def _allocation_count(self, resource: str, result: AllocationResult) -> Counter:
+        """The series, created at 0 when first named: `increase()` cannot see a series' first sample, so a failure
+        kind first counted in a series made for it would never reach a rate or the plugin-calls alert. A resource's
+        results are made when it registers, the agent's own `internal` (no resource) at start."""
         child = self._allocation_counts.get((resource, result))
         if child is None:
             child = self._allocation_counts[resource, result] = self.allocations_total.labels(resource, result.value)
-        child.inc()
+        return child
 
     def count_snapshot(self, resource: str, changed: bool) -> None:
         self.snapshots_total.labels(self.node, resource, "true" if changed else "false").inc()
