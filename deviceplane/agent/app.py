@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
 from aiohttp import web
 
 from deviceplane.agent.admission.admitter import (
@@ -56,7 +55,7 @@ from deviceplane.agent.serving.debug_faults import add_fault_route
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
-from deviceplane.agent.serving.podresources import PodResourcesServicer, serve_pod_resources
+from deviceplane.agent.serving.podresources import PodResourcesServer, PodResourcesServicer
 from deviceplane.agent.serving.state_metrics import JournalCorruptionCollector
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
@@ -235,8 +234,9 @@ class Agent:
             self.pods.register_source(DEBUG_SOURCE)
 
         # -- serving ----------------------------------------------------------------------------------------------
-        self._pod_resources = PodResourcesServicer(self.pods, self.pod_devices, self.registry)
-        self._pod_resources_server: grpc.aio.Server | None = None
+        self._pod_resources = PodResourcesServer(
+            PodResourcesServicer(self.pods, self.pod_devices, self.registry), config.pod_resources_socket
+        )
         self._http: web.AppRunner | None = None
 
         # -- the heap: full collections when nothing is in flight ---------------------------------------------------
@@ -257,6 +257,8 @@ class Agent:
         if self.proxy is not None:
             self.background += self.proxy.tasks()
         else:
+            # A removed PodResources socket is served again (proxy mode serves none: the kubelet's is read).
+            self.background.append(("pod-resources-socket", self._pod_resources.keep_serving))
             self.background += [
                 (f"pod-source:{source.name}", functools.partial(source.run, self.admission))
                 for source in self.pod_sources
@@ -364,9 +366,7 @@ class Agent:
             if self._debug_admit is not None and self.config.debug_admit_addr is not None:
                 self.admission.synced(DEBUG_SOURCE)  # it has no pods before the first request
                 await self._debug_admit.start(self.config.debug_admit_addr)
-            self._pod_resources_server = await serve_pod_resources(
-                self._pod_resources, self.config.pod_resources_socket
-            )
+            await self._pod_resources.start()
         # Last: what start built is long-lived, so it leaves the collector's generations.
         self.heap.start()
         for name, run in self.background:
@@ -399,9 +399,7 @@ class Agent:
         if self.proxy is not None:
             await self.proxy.stop()
         await self.registration.stop()
-        if self._pod_resources_server is not None:
-            await self._pod_resources_server.stop(grace=0.5)
-            self._pod_resources_server = None
+        await self._pod_resources.stop()
         if self._debug_admit is not None:
             await self._debug_admit.close()
         if self._admitting:

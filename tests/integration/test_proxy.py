@@ -274,7 +274,8 @@ async def test_proxy_never_allocates_and_serves_no_admission(env: ProxyEnv) -> N
     assert env.proxy is not None
     # Nothing allocated by the proxy itself; its pods view is the kubelet's (empty: no pods yet).
     assert env.proxy.get("/api/v1/pods") == []
-    assert env.proxy.metric("deviceplane_allocations_total", resource_name=SIM, result="success") is None
+    # Exported at 0 from the plugin's registration, and never counted.
+    assert env.proxy.metric("deviceplane_allocations_total", resource_name=SIM, result="success") == 0.0
 
 
 async def test_proxy_metrics_count_the_kubelets_allocations_and_pass_promtool(env: ProxyEnv) -> None:

@@ -20,8 +20,8 @@ from tests.support.procs import AgentProcess, TestPlugin, wait_for
 
 R = "example.com/sup"
 EXPECTED_TASKS = {
-    "grace-period-expiry", "registration-socket", "checkpoint-pacer", "pod-source:file", "heap-settle",
-    "plugin-watcher",
+    "grace-period-expiry", "registration-socket", "checkpoint-pacer", "pod-resources-socket", "pod-source:file",
+    "heap-settle", "plugin-watcher",
 }  # fmt: skip
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from pathlib import Path
@@ -12,16 +11,14 @@ import grpc
 from deviceplane.agent.plugins.registration import RegistrationServicer
 from deviceplane.api.typed_grpc import add_registration, bind_unix_socket
 from deviceplane.core.constants import KUBELET_SOCKET_NAME
+from deviceplane.unix_sockets import serve_again_when_removed
 
 log = logging.getLogger("deviceplane.agent.plugins.registration")
-
-SOCKET_CHECK_INTERVAL_SECONDS = 1.0
 
 
 class RegistrationServer:
     def __init__(self, servicer: RegistrationServicer, plugin_dir: Path) -> None:
         self._servicer = servicer
-        self._plugin_dir = plugin_dir
         self.socket = plugin_dir / KUBELET_SOCKET_NAME
         self._server: grpc.aio.Server | None = None
 
@@ -45,16 +42,7 @@ class RegistrationServer:
     async def keep_serving(self) -> None:
         """Runs until cancelled: when someone removes kubelet.sock, serve again, so plugins watching for it
         re-register. (The kubelet would only fail its health check.) Connected plugins are unaffected."""
-        while True:
-            await asyncio.sleep(SOCKET_CHECK_INTERVAL_SECONDS)
-            if self.socket.exists():
-                continue
-            log.warning("registration socket disappeared; serving again", extra={"socket": str(self.socket)})
-            try:
-                self._plugin_dir.mkdir(mode=0o750, parents=True, exist_ok=True)
-                await self.start()
-            except (OSError, RuntimeError) as err:
-                log.error("cannot serve the registration socket: %s", err)
+        await serve_again_when_removed(self.socket, self.start, "registration", log)
 
     async def stop(self) -> None:
         if self._server is None:

@@ -25,8 +25,11 @@ from deviceplane.api.typed_grpc import Context, add_pod_resources, bind_unix_soc
 from deviceplane.core.pod_devices import DeviceInstance, PodDevices
 from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.registry import DeviceRegistry
+from deviceplane.unix_sockets import serve_again_when_removed
 
 log = logging.getLogger("deviceplane.podresources")
+
+STOP_GRACE_SECONDS = 0.5  # for the calls in flight when the server stops (agent stop, or the socket served again)
 
 
 def container_devices(rows: list[DeviceInstance]) -> list[pr.ContainerDevices]:
@@ -75,13 +78,42 @@ class PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
         return pr.AllocatableResourcesResponse(devices=container_devices(rows))
 
 
-async def serve_pod_resources(servicer: PodResourcesServicer, socket_path: Path) -> grpc.aio.Server:
-    socket_path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)  # a stale socket from a previous run
-    server = grpc.aio.server()
-    add_pod_resources(servicer, server)
-    bind_unix_socket(server, socket_path)
-    await server.start()
-    log.info("pod resources API serving", extra={"socket": str(socket_path)})
-    return server
+class PodResourcesServer:
+    """The gRPC server on `--pod-resources-socket`, kept serving while the agent runs: a removed socket is served
+    again (`keep_serving`), as kubelet.sock is, so clients that dial by path (dcgm-exporter) find it again. The
+    kubelet does not re-create its own; we do, on purpose (docs/agent.md)."""
+
+    def __init__(self, servicer: PodResourcesServicer, socket_path: Path) -> None:
+        self._servicer = servicer
+        self.socket = socket_path
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        self.socket.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket)  # a stale socket from a previous run
+        await self._serve()
+        log.info("pod resources API serving", extra={"socket": str(self.socket)})
+
+    async def _serve(self) -> None:
+        if self._server is not None:
+            # First: grpc's stop unlinks the socket at its path, which would be the new one. Its clients are cut
+            # (in-flight calls get the grace) and dial the path again.
+            await self._server.stop(grace=STOP_GRACE_SECONDS)
+            self._server = None
+        server = grpc.aio.server()
+        add_pod_resources(self._servicer, server)
+        bind_unix_socket(server, self.socket)
+        self._server = server  # ours from the bind on: stop() stops it, even if a cancellation cuts the start short
+        await server.start()
+
+    async def keep_serving(self) -> None:
+        """Runs until cancelled (the supervised task `pod-resources-socket`): when the socket is removed, serve it
+        again. A regular file or another socket put in its place is left alone, as for kubelet.sock."""
+        await serve_again_when_removed(self.socket, self._serve, "pod resources", log)
+
+    async def stop(self) -> None:
+        if self._server is None:
+            return
+        await self._server.stop(grace=STOP_GRACE_SECONDS)
+        self._server = None
