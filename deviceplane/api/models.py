@@ -26,7 +26,10 @@ class DeviceView(FrozenModel):
     """One device as its plugin reported it, with its current owner."""
 
     id: str = Field(description="Device ID as the plugin reported it (ListAndWatch).")
-    health: str = Field(description="Healthy or Unhealthy, as last reported by the plugin.")
+    health: str = Field(
+        description="Effective health, Healthy or Unhealthy: as last reported by the plugin, and Unhealthy while the "
+        "plugin is disconnected."
+    )
     numaNodes: list[int] = Field(
         default_factory=list, description="NUMA nodes of the device's topology; empty when the plugin gave none."
     )
@@ -40,7 +43,11 @@ class PluginView(FrozenModel):
 
     # Optional in the CRD, not required-and-nullable: a JSON merge patch drops null keys, and a restored resource has
     # no endpoint until its plugin registers again (a required key missing made the API server refuse the status).
-    endpoint: str | None = Field(default=None, description="The plugin's socket name in the registration directory.")
+    endpoint: str | None = Field(
+        default=None,
+        description="Absolute path of the plugin's socket; null (absent in NodeDevices) while a resource restored "
+        "from the checkpoint waits for its plugin.",
+    )
     connected: bool = Field(description="Whether the plugin's ListAndWatch stream is up.")
     preStartRequired: bool = Field(description="The plugin asked for PreStartContainer calls.")
     getPreferredAllocationAvailable: bool = Field(description="The plugin implements GetPreferredAllocation.")
@@ -53,8 +60,8 @@ class ResourceView(FrozenModel):
     name: str = Field(description="Extended resource name, e.g. example.com/gpu.")
     capacity: int = Field(description="Devices the plugin reported (healthy and unhealthy).")
     allocatable: int = Field(description="Healthy devices: what the scheduler may hand out.")
-    healthy: int = Field(description="Devices reported Healthy.")
-    unhealthy: int = Field(description="Devices reported Unhealthy.")
+    healthy: int = Field(description="Devices whose effective health is Healthy (see devices[].health).")
+    unhealthy: int = Field(description="Devices whose effective health is Unhealthy: all while the plugin is down.")
     allocated: int = Field(description="Devices currently allocated to containers.")
     plugin: PluginView = Field(description="The plugin serving this resource.")
     devices: list[DeviceView] = Field(
@@ -88,7 +95,12 @@ class DevicesStatus(FrozenModel):
 
     resources: list[ResourceView] = Field(description="Extended resources served on the node, by name.")
     agent: AgentView = Field(description="The agent publishing this status.")
-    conditions: list[Condition] = Field(default_factory=list, description="Conditions of the node's devices.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="PluginsConnected (False: a resource's plugin is disconnected, named in the message) and "
+        "DevicesHealthy (False: a resource has unhealthy devices, each named with its count); judged over every "
+        "resource, their lastTransitionTime moves only when their status does.",
+    )
 
     # Totals for `kubectl get nodedevices` (printer columns cannot sum a list); derived, so never out of step.
     @computed_field(description="Number of resources served on the node.")  # type: ignore[prop-decorator]

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
+from deviceplane.core.conditions import ConditionTimes
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.core.registry import Capacity, DeviceRegistry, ResourceStatus
 
@@ -71,12 +72,23 @@ def devices_status(
     holders: Holders | None = None,
     device_limit: int | None = None,
     resource_filter: Callable[[str], bool] | None = None,
+    conditions: ConditionTimes | None = None,
 ) -> DevicesStatus:
+    """The view; with `conditions`, the node's conditions too (judged over every resource, those `resource_filter`
+    leaves out included, at `agent.lastHeartbeatTime`; their transition times kept in `conditions`)."""
     holders = holders or {}
     allocated = Counter(resource for resource, _device in holders)
-    resources = [
-        resource_view(state, capacity, holders, allocated[state.name], device_limit)
-        for state in registry.statuses()
-        if resource_filter is None or resource_filter(state.name)
-    ]
-    return DevicesStatus(resources=resources, agent=agent)
+    resources = []
+    judged = []  # every resource, the ones left out as counts only (no device listed: nothing per device)
+    for state in registry.statuses():
+        shown = resource_filter is None or resource_filter(state.name)
+        if not shown and conditions is None:
+            continue
+        view = resource_view(state, capacity, holders, allocated[state.name], device_limit if shown else 0)
+        judged.append(view)
+        if shown:
+            resources.append(view)
+    if conditions is None:
+        return DevicesStatus(resources=resources, agent=agent)
+    found = conditions.update(judged, agent.lastHeartbeatTime)
+    return DevicesStatus(resources=resources, agent=agent, conditions=found)

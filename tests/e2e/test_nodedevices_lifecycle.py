@@ -9,14 +9,13 @@ import threading
 import time
 from typing import Any
 
-import pytest
-
 from deviceplane.agent.kube.client import KubeApi, api_client
 from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
 from deviceplane.api.models import AgentView, DevicesStatus, PluginView, ResourceView
+from deviceplane.core.conditions import conditions as judged
 from deviceplane.core.view import rfc3339
 
-from .agent_cluster import api, node_devices
+from .agent_cluster import api, bound_token, daemonset_pod, node_devices
 from .cluster import Cluster
 from .procs import wait_for
 
@@ -65,10 +64,6 @@ def test_an_agent_started_before_its_node_publishes_soon_after_the_node_appears(
         cluster.kubectl("delete", "node", node, "--wait=false", "--ignore-not-found", check=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs `patch` on nodedevices for the agent (manifests/30-agent-rbac.yaml, not this change's to edit)",
-)
 def test_an_owner_reference_removed_by_hand_is_restored(agent_installed: Cluster, node_agent, test_plugins) -> None:
     """Without its ownerReference the object outlives its Node: `kubectl get nodedevices` lists a deleted node."""
     cluster = agent_installed
@@ -84,6 +79,34 @@ def test_an_owner_reference_removed_by_hand_is_restored(agent_installed: Cluster
     plugin.devices([["g0", "Unhealthy"]])  # a write, so the agent looks at the object
     owners = lambda: (node_devices(cluster, node) or {}).get("metadata", {}).get("ownerReferences")  # noqa: E731
     wait_for("the ownerReference restored", lambda: bool(owners()), timeout=15, procs=[agent.proc])
+    uid = cluster.get_json("node", node)["metadata"]["uid"]
+    assert owners() == [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]
+
+
+def test_the_agents_token_may_patch_only_its_own_nodes_object(agent_installed: Cluster, kwok_nodes) -> None:
+    """`patch` on nodedevices (to restore the ownerReference) stays node-scoped: the policy lets the agent's pod-bound
+    token patch its own node's object, not another node's."""
+    cluster = agent_installed
+    own, other = kwok_nodes(2, prefix="nd-patch")
+    token = bound_token(cluster, daemonset_pod(cluster, own))
+    owner = {}
+    for node in (own, other):
+        uid = cluster.get_json("node", node)["metadata"]["uid"]
+        owner[node] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}]
+        cluster.apply(
+            {
+                "apiVersion": "deviceplane.io/v1alpha1",
+                "kind": "NodeDevices",
+                "metadata": {"name": node, "ownerReferences": owner[node]},
+                "spec": {"nodeName": node},
+            }
+        )
+    merge = "application/merge-patch+json"
+    code, body = api(cluster, "PATCH", f"{ND}/{own}", {"metadata": {"ownerReferences": owner[own]}}, token, merge)
+    assert code == 200, body
+    code, body = api(cluster, "PATCH", f"{ND}/{other}", {"metadata": {"ownerReferences": None}}, token, merge)
+    assert code == 403 and f"may write only the objects of that node, not nodedevices {other}" in body["message"], body
+    assert (node_devices(cluster, other) or {})["metadata"]["ownerReferences"] == owner[other]
 
 
 def test_conditions_say_whether_plugins_are_up_and_devices_healthy(
@@ -132,7 +155,10 @@ def test_an_object_deleted_by_hand_is_created_again_at_the_next_write(agent_inst
     )  # fmt: skip
 
     def status(_limit: int) -> DevicesStatus:
-        return DevicesStatus(resources=[gpu], agent=AgentView(version="t", node=node, lastHeartbeatTime=now()))
+        # Judged afresh at each call (the agent's view keeps times while it runs): the publisher keeps the times.
+        beat = now()
+        agent = AgentView(version="t", node=node, lastHeartbeatTime=beat)
+        return DevicesStatus(resources=[gpu], agent=agent, conditions=judged([gpu], beat, {}))
 
     publisher = NodeDevicesPublisher(kube, node, status, heartbeat=1)
 

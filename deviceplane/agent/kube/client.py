@@ -154,14 +154,25 @@ class KubeApi:
             ),
         )
 
-    def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> None:
-        _write(
+    def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of the status; the object as stored (its metadata tells whether it still has its owner)."""
+        response = _call(
             f"patch nodedevices {name} status",
             lambda: self.custom.patch_cluster_custom_object_status(
                 GROUP, VERSION, NODE_DEVICES_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
                 **WRITE_OPTIONS,
             ),
         )  # fmt: skip
+        return dict(_json(response))
+
+    def patch_node_devices(self, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch of the object (its metadata: the ownerReference restored)."""
+        _write(
+            f"patch nodedevices {name}",
+            lambda: self.custom.patch_cluster_custom_object(
+                GROUP, VERSION, NODE_DEVICES_PLURAL, name, patch, _content_type=MERGE_PATCH, **WRITE_OPTIONS
+            ),
+        )
 
     # -- pods and events --------------------------------------------------------------------------------------------
 

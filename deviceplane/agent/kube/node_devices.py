@@ -10,10 +10,13 @@ written with a merge patch on the status subresource:
 - bounded: at most `max_devices` devices listed per resource (`devicesTruncated` says so), counts stay exact;
 - not before the owners are known (`owners_known`, in proxy mode the kubelet's first PodResources listing): a
   restarted agent never publishes held devices as free;
-- with two conditions, `PluginsConnected` and `DevicesHealthy` (`kubectl wait --for=condition=...`), whose
-  lastTransitionTime moves only when their status does (kept across agent restarts: read back from the object).
+- with the view's two conditions, `PluginsConnected` and `DevicesHealthy` (`kubectl wait --for=condition=...`,
+  judged in core/conditions.py), whose lastTransitionTime moves only when their status does (kept across agent
+  restarts: read back from the object).
 A failed write is retried with backoff with the newest state; a missing object (first start, or collected after
-its Node was re-created) is created again. A missing Node is waited for at a short pace
+its Node was re-created) is created again. The object each status write returns is checked for its ownerReference
+to the Node (no extra request): one removed or changed by hand is restored with a metadata patch, so at the latest
+at the next heartbeat. A missing Node is waited for at a short pace
 (`NODE_MISSING_RETRY_MAX_SECONDS`), not the growing backoff: an agent started before its Node's registration
 publishes within seconds of it.
 """
@@ -27,12 +30,15 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from deviceplane.agent.kube.backoff import Backoff
 from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.aio import off_loop
-from deviceplane.api.models import DevicesStatus
+from deviceplane.api.models import Condition, DevicesStatus
+from deviceplane.core.conditions import ConditionTimes
 
 log = logging.getLogger("deviceplane.kube.node_devices")
 
@@ -42,60 +48,50 @@ ALLOCATION_POLL_FLOOR_SECONDS = 0.05  # `--nodedevices-debounce 0` spun the loop
 # after its Node. A missing Node is short-lived (an agent started before the registration, a Node re-created).
 NODE_MISSING_RETRY_MAX_SECONDS = 2.0
 
-Condition = dict[str, str]  # type, status, reason, message, lastTransitionTime (the CRD's condition)
-
 
 class NodeMissing(KubeError):
     """The Node does not exist (yet): NodeDevices cannot be created without its owner."""
 
 
 def without_heartbeat(status: dict[str, Any]) -> dict[str, Any]:
+    """What a write must change: the status but its heartbeat and its conditions (derived from the resources)."""
     agent = {k: v for k, v in (status.get("agent") or {}).items() if k != "lastHeartbeatTime"}
-    return {**status, "agent": agent}
+    return {**{k: v for k, v in status.items() if k != "conditions"}, "agent": agent}
 
 
-def plugins_connected(resources: list[dict[str, Any]]) -> tuple[str, str, str]:
-    """(status, reason, message) of `PluginsConnected`: a resource whose plugin's stream is down has no allocatable
-    devices until it is back."""
-    down = [r["name"] for r in resources if not r["plugin"]["connected"]]
-    if down:
-        return "False", "PluginDisconnected", f"not connected: {', '.join(down)}"
-    return "True", "AllConnected", f"{len(resources)} of {len(resources)} plugins connected"
-
-
-def devices_healthy(resources: list[dict[str, Any]]) -> tuple[str, str, str]:
-    """(status, reason, message) of `DevicesHealthy`, naming each resource with unhealthy devices."""
-    unhealthy = [f"{r['name']}: {r['unhealthy']} of {r['capacity']} unhealthy" for r in resources if r["unhealthy"]]
-    if unhealthy:
-        return "False", "UnhealthyDevices", "; ".join(unhealthy)
-    return "True", "AllHealthy", f"{sum(r['healthy'] for r in resources)} devices healthy"
-
-
-CONDITIONS: dict[str, Callable[[list[dict[str, Any]]], tuple[str, str, str]]] = {
-    "PluginsConnected": plugins_connected,
-    "DevicesHealthy": devices_healthy,
-}
-
-
-def conditions(status: dict[str, Any], previous: Mapping[str, Condition]) -> list[Condition]:
-    """The conditions of `status`; a condition whose status is unchanged keeps its lastTransitionTime, a changed one
-    takes the status's time (the agent's heartbeat, when it was built)."""
-    now = str(status["agent"]["lastHeartbeatTime"])
+def conditions_found(obj: Mapping[str, Any] | None) -> list[Condition]:
+    """The conditions found on an existing object (what an earlier agent wrote); malformed ones left out."""
+    found = ((obj or {}).get("status") or {}).get("conditions") or []
     result = []
-    for kind, judge in CONDITIONS.items():
-        state, reason, message = judge(status["resources"])
-        before = previous.get(kind)
-        since = before["lastTransitionTime"] if before is not None and before.get("status") == state else now
-        result.append(
-            {"type": kind, "status": state, "reason": reason, "message": message, "lastTransitionTime": since}
-        )
+    for item in found if isinstance(found, list) else []:
+        with contextlib.suppress(ValidationError):
+            result.append(Condition.model_validate(item))
     return result
 
 
-def conditions_by_type(obj: dict[str, Any] | None) -> dict[str, Condition]:
-    """The conditions found on an existing object (what an earlier agent wrote), by type."""
-    found = ((obj or {}).get("status") or {}).get("conditions") or []
-    return {str(c["type"]): c for c in found if isinstance(c, dict) and "type" in c and "lastTransitionTime" in c}
+def owner_reference(node: str, uid: str) -> dict[str, str]:
+    return {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
+
+
+def owned_by(obj: Mapping[str, Any], node: str, uid: str | None) -> bool:
+    """Whether `obj` names the Node `node` (with `uid`, when known) as an owner, and no other Node."""
+    refs = [r for r in (obj.get("metadata") or {}).get("ownerReferences") or [] if is_node_ref(r)]
+    return len(refs) == 1 and refs[0].get("name") == node and (uid is None or refs[0].get("uid") == uid)
+
+
+def is_node_ref(ref: Any) -> bool:
+    return isinstance(ref, dict) and ref.get("kind") == "Node" and ref.get("apiVersion") == "v1"
+
+
+def owners_patch(obj: Mapping[str, Any], node: str, uid: str) -> dict[str, Any]:
+    """A merge patch giving `obj` the Node's ownerReference (other owners kept), refused by the API server (409) if
+    the object changed since `obj` was read."""
+    metadata = obj.get("metadata") or {}
+    others = [r for r in metadata.get("ownerReferences") or [] if not is_node_ref(r)]
+    patch: dict[str, Any] = {"ownerReferences": [*others, owner_reference(node, uid)]}
+    if metadata.get("resourceVersion"):
+        patch["resourceVersion"] = metadata["resourceVersion"]
+    return {"metadata": patch}
 
 
 def node_devices_object(node: dict[str, Any]) -> dict[str, Any]:
@@ -106,9 +102,7 @@ def node_devices_object(node: dict[str, Any]) -> dict[str, Any]:
         "metadata": {
             "name": name,
             "labels": {"app.kubernetes.io/managed-by": "deviceplane-agent"},
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]},
-            ],
+            "ownerReferences": [owner_reference(name, node["metadata"]["uid"])],
         },
         "spec": {"nodeName": name},
     }
@@ -145,7 +139,9 @@ class NodeDevicesPublisher:
         self._written: dict[str, Any] | None = None  # last written status, heartbeat left out
         self._written_at = float("-inf")
         self._allocations_seen: int | None = None
-        self._conditions: dict[str, Condition] = {}  # the last computed, by type: their transition times
+        self._conditions = ConditionTimes()
+        self._node_uid: str | None = None  # the Node's, as last read: what the object's ownerReference must name
+        self._owners_retry_at = float("-inf")  # after a failed restoration of the ownerReference, not before this
         self._wake = asyncio.Event()
 
     def changed(self, *_args: object) -> None:
@@ -167,13 +163,14 @@ class NodeDevicesPublisher:
                 await asyncio.sleep(wait)
             self._wake.clear()
             self._allocations_seen = self.allocations()
-            status = self.status(self.max_devices).model_dump(mode="json")
+            model = self.status(self.max_devices)
+            status = model.model_dump(mode="json")
             content = without_heartbeat(status)
             if content == self._written and self.clock() - self._written_at < self.heartbeat:
                 continue
             last_attempt = self.clock()
             try:
-                await self._write(status)
+                await self._write(model, status)
             except KubeError as err:
                 delay = self._retry_delay(err)
                 log.warning("cannot publish NodeDevices; retrying", extra={"error": str(err), "retry_in": delay})
@@ -187,25 +184,57 @@ class NodeDevicesPublisher:
             self.published = True
             self.writes += 1
 
-    def _with_conditions(self, status: dict[str, Any]) -> dict[str, Any]:
-        found = conditions(status, self._conditions)
-        self._conditions = {c["type"]: c for c in found}
-        return {**status, "conditions": found}
+    def _with_conditions(self, model: DevicesStatus, status: dict[str, Any]) -> dict[str, Any]:
+        """`status` with the view's conditions, each keeping the transition time last published (by this agent or
+        an earlier one) while its status is unchanged."""
+        found = self._conditions.carry(model.conditions)
+        return {**status, "conditions": [c.model_dump(mode="json") for c in found]}
 
     def _retry_delay(self, err: KubeError) -> float:
         return self.node_missing_backoff.delay() if isinstance(err, NodeMissing) else self.backoff.delay()
 
-    async def _write(self, status: dict[str, Any]) -> None:
+    async def _write(self, model: DevicesStatus, status: dict[str, Any]) -> None:
         if not self._exists:
             await self._ensure_object()
         try:
             # Conditions are derived from the resources (their times move only with their status), so comparing
             # statuses without them is enough; added after `_ensure_object`, which recovers an earlier agent's times.
-            await off_loop(self.api.patch_node_devices_status, self.node, self._with_conditions(status))
+            written = await off_loop(
+                self.api.patch_node_devices_status, self.node, self._with_conditions(model, status)
+            )
         except KubeError as err:
             if err.status == 404:
                 self._exists = False  # deleted meanwhile (its Node re-created, or by hand): create it again
             raise
+        if written is not None:  # the object as the API server stored it: its owner checked at no extra request
+            await self._keep_owner(written)
+
+    async def _keep_owner(self, obj: dict[str, Any]) -> None:
+        """Give the object back its ownerReference to the Node when it lacks it or names another UID (removed or
+        edited by hand): without it the object outlives its Node. Checked on the object every status write answers,
+        so at the latest at the next heartbeat; the Node is read only to learn its UID (once per start) or when the
+        reference is wrong. Best effort: the status was written; a failure is retried a heartbeat later."""
+        if self._node_uid is not None and owned_by(obj, self.node, self._node_uid):
+            return
+        if self.clock() < self._owners_retry_at:
+            return
+        try:
+            node = await off_loop(self.api.get_node, self.node)
+            if node is None:  # gone: nothing to own the object (created again, owned, with the next Node)
+                self._owners_retry_at = self.clock() + self.heartbeat
+                return
+            self._node_uid = str(node["metadata"]["uid"])
+            if owned_by(obj, self.node, self._node_uid):
+                return
+            await off_loop(self.api.patch_node_devices, self.node, owners_patch(obj, self.node, self._node_uid))
+        except KubeError as err:
+            self._owners_retry_at = self.clock() + self.heartbeat
+            log.warning(
+                "cannot restore the NodeDevices ownerReference to its Node; retrying at a later write",
+                extra={"error": str(err), "node": self.node},
+            )
+            return
+        log.info("NodeDevices ownerReference to its Node restored", extra={"node": self.node, "uid": self._node_uid})
 
     async def _ensure_object(self) -> None:
         existing = await off_loop(self.api.get_node_devices, self.node)
@@ -219,9 +248,10 @@ class NodeDevicesPublisher:
             except KubeError as err:
                 if err.status != 409:  # 409: created meanwhile, fine
                     raise
+            self._node_uid = str(node["metadata"]["uid"])
             log.info("NodeDevices created", extra={"node": self.node})
-        elif not self._conditions:  # a restarted agent: the transition times an earlier one wrote still hold
-            self._conditions = conditions_by_type(existing)
+        else:  # a restarted agent: the transition times an earlier one wrote still hold (unless newer ones are known)
+            self._conditions.restore(conditions_found(existing))
         self._exists = True
 
     def ready(self) -> str | None:

@@ -11,6 +11,7 @@ from aiohttp import web
 
 from deviceplane import __version__
 from deviceplane.api.models import AgentView, DevicesStatus
+from deviceplane.core.conditions import ConditionTimes
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import holders, pods_view
@@ -41,6 +42,7 @@ class ApiViews:
         self._pod_devices = pod_devices
         self._node_name = node_name
         self._wall_clock = wall_clock
+        self._conditions = ConditionTimes()  # the view's: transition times kept while the agent runs
 
     def devices(self, request: web.Request | None = None) -> dict[str, Any]:
         query = request.query if request is not None else {}
@@ -53,7 +55,9 @@ class ApiViews:
         return self.status(limit, query.get("resource")).model_dump(mode="json")
 
     def status(self, device_limit: int | None = None, resource: str | None = None) -> DevicesStatus:
-        """The devices model (also NodeDevices.status): at most `device_limit` devices per resource."""
+        """The devices model (also NodeDevices.status): at most `device_limit` devices per resource, and the node's
+        conditions (over every resource, also when `resource` selects one), their transition times kept from one
+        call to the next."""
         agent = AgentView(version=__version__, node=self._node_name, lastHeartbeatTime=rfc3339(self._wall_clock()))
         return devices_status(
             self._registry,
@@ -62,6 +66,7 @@ class ApiViews:
             holders=self._owners() if self._owners else holders(self._pod_devices, self._table),
             device_limit=device_limit,
             resource_filter=(lambda name: name == resource) if resource else None,
+            conditions=self._conditions,
         )
 
     def pods(self, _request: web.Request | None = None) -> list[dict[str, Any]]:

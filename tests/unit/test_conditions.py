@@ -1,0 +1,127 @@
+"""The devices view's conditions (core/conditions.py): judged from the resources, their lastTransitionTime moving only
+when their status does; `/api/v1/devices` (ApiViews) serves them as NodeDevices does, over every resource."""
+
+from __future__ import annotations
+
+from deviceplane.agent.serving.api_views import ApiViews
+from deviceplane.api.models import AgentView, Condition, ResourceView
+from deviceplane.core.conditions import ConditionTimes, conditions, devices_healthy, keep_times, plugins_connected
+from deviceplane.core.pod_devices import PodDevices
+from deviceplane.core.pod_table import PodTable
+from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
+from deviceplane.core.view import devices_status, rfc3339
+
+GPU, NIC = "example.com/gpu", "example.com/nic"
+
+
+def registry_with(*resources: tuple[str, list[str]]) -> DeviceRegistry:
+    """One connected plugin per resource, with devices of the given health."""
+    registry = DeviceRegistry(grace_period=300)
+    for name, healths in resources:
+        socket = f"/{name.replace('/', '-')}.sock"
+        registry.plugin_connected(name, socket, PluginOptions(), 0.0)
+        registry.apply_snapshot(name, socket, [Device(f"d{i}", h) for i, h in enumerate(healths)])
+    return registry
+
+
+def resources_of(registry: DeviceRegistry) -> list[ResourceView]:
+    agent = AgentView(version="0", node="n", lastHeartbeatTime="t")
+    return devices_status(registry, registry.capacity(), agent).resources
+
+
+def by_type(found: list[Condition]) -> dict[str, tuple[str, str, str, str]]:
+    return {c.type: (c.status, c.reason, c.message, c.lastTransitionTime) for c in found}
+
+
+def test_judgements_name_the_resources_concerned() -> None:
+    registry = registry_with((GPU, ["Healthy", "Unhealthy"]), (NIC, ["Healthy"]))
+    assert plugins_connected(resources_of(registry)) == ("True", "AllConnected", "2 of 2 plugins connected")
+    assert devices_healthy(resources_of(registry)) == ("False", "UnhealthyDevices", f"{GPU}: 1 of 2 unhealthy")
+
+    registry.plugin_disconnected(NIC, "/example.com-nic.sock", 1.0)  # its devices turn unhealthy (effective health)
+    assert plugins_connected(resources_of(registry)) == ("False", "PluginDisconnected", f"not connected: {NIC}")
+    assert devices_healthy(resources_of(registry)) == (
+        "False", "UnhealthyDevices", f"{GPU}: 1 of 2 unhealthy; {NIC}: 1 of 1 unhealthy",
+    )  # fmt: skip
+    assert by_type(conditions([], "t0", {})) == {
+        "PluginsConnected": ("True", "AllConnected", "0 of 0 plugins connected", "t0"),
+        "DevicesHealthy": ("True", "AllHealthy", "0 devices healthy", "t0"),
+    }
+
+
+def test_transition_time_moves_only_with_the_status() -> None:
+    registry = registry_with((GPU, ["Healthy", "Healthy"]))
+    times = ConditionTimes()
+    assert {t: c[3] for t, c in by_type(times.update(resources_of(registry), "t1")).items()} == {
+        "PluginsConnected": "t1", "DevicesHealthy": "t1",
+    }  # fmt: skip
+
+    registry.apply_snapshot(GPU, "/example.com-gpu.sock", [Device("d0", "Healthy"), Device("d1", "Unhealthy")])
+    found = by_type(times.update(resources_of(registry), "t2"))
+    assert found["DevicesHealthy"] == ("False", "UnhealthyDevices", f"{GPU}: 1 of 2 unhealthy", "t2")
+    assert found["PluginsConnected"][3] == "t1"  # unchanged status: its time kept
+
+    registry.apply_snapshot(GPU, "/example.com-gpu.sock", [Device("d0", "Unhealthy"), Device("d1", "Unhealthy")])
+    found = by_type(times.update(resources_of(registry), "t3"))
+    assert found["DevicesHealthy"] == ("False", "UnhealthyDevices", f"{GPU}: 2 of 2 unhealthy", "t2")  # message only
+
+    registry.apply_snapshot(GPU, "/example.com-gpu.sock", [Device("d0", "Healthy"), Device("d1", "Healthy")])
+    assert by_type(times.update(resources_of(registry), "t4"))["DevicesHealthy"][3] == "t4"
+
+
+def test_restored_times_hold_where_the_status_does_and_never_replace_newer_ones() -> None:
+    earlier = [
+        Condition(type="PluginsConnected", status="True", reason="r", message="m", lastTransitionTime="t0"),
+        Condition(type="DevicesHealthy", status="False", reason="r", message="m", lastTransitionTime="t0"),
+        Condition(type="SomethingElse", status="True", reason="r", message="m", lastTransitionTime="t0"),
+    ]
+    resources = resources_of(registry_with((GPU, ["Healthy"])))
+    times = ConditionTimes()
+    times.restore(earlier)
+    found = by_type(times.update(resources, "t1"))
+    assert {t: c[3] for t, c in found.items()} == {"PluginsConnected": "t0", "DevicesHealthy": "t1"}
+
+    times.restore([c.model_copy(update={"lastTransitionTime": "t-1"}) for c in earlier])  # ignored: t1 is newer
+    assert by_type(times.update(resources, "t2"))["DevicesHealthy"][3] == "t1"
+
+
+def test_times_carried_over_conditions_judged_elsewhere() -> None:
+    """The NodeDevices publisher keeps the times it last published (or an earlier agent did) over the view's."""
+    resources = resources_of(registry_with((GPU, ["Healthy"])))
+    times = ConditionTimes()
+    times.restore(conditions(resources, "t0", {}))
+    assert {c.lastTransitionTime for c in times.carry(conditions(resources, "t1", {}))} == {"t0"}
+    registry = registry_with((GPU, ["Unhealthy"]))
+    carried = by_type(times.carry(conditions(resources_of(registry), "t2", {})))
+    assert (carried["PluginsConnected"][3], carried["DevicesHealthy"][3]) == ("t0", "t2")
+    assert keep_times([], {}) == []
+
+
+def test_api_devices_reports_the_node_conditions_also_for_one_resource() -> None:
+    """/api/v1/devices: the same conditions as NodeDevices, over every resource even under `?resource=` (which must
+    not flip them either), and their times kept from one request to the next."""
+    registry = registry_with((GPU, ["Healthy"]), (NIC, ["Unhealthy"]))
+    now = [1_000_000.0]
+    views = ApiViews(registry, PodTable(), PodDevices(), "n", wall_clock=lambda: now[0])
+
+    class Request:  # what `devices` reads of an aiohttp request
+        def __init__(self, **query: str) -> None:
+            self.query = query
+
+    first = views.devices()["conditions"]
+    assert [(c["type"], c["status"], c["message"]) for c in first] == [
+        ("PluginsConnected", "True", "2 of 2 plugins connected"),
+        ("DevicesHealthy", "False", f"{NIC}: 1 of 1 unhealthy"),
+    ]
+    now[0] += 5
+    only_gpu = views.devices(Request(resource=GPU))  # type: ignore[arg-type]
+    assert [r["name"] for r in only_gpu["resources"]] == [GPU]
+    assert only_gpu["conditions"] == first  # node-wide, times kept
+    registry.plugin_disconnected(GPU, "/example.com-gpu.sock", 2.0)
+    now[0] += 5
+    connected = views.devices()["conditions"][0]
+    assert (connected["status"], connected["lastTransitionTime"]) == ("False", rfc3339(now[0]))
+    assert first[0]["lastTransitionTime"] == rfc3339(now[0] - 10)
+    healthy = views.devices()["conditions"][1]  # still False: its time kept, its message says more
+    assert (healthy["status"], healthy["lastTransitionTime"]) == ("False", first[1]["lastTransitionTime"])
+    assert healthy["message"] == f"{GPU}: 1 of 1 unhealthy; {NIC}: 1 of 1 unhealthy"
