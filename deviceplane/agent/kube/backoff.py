@@ -5,6 +5,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+# Retries while the Node does not exist (yet): the growing backoff reached 30 s, so Node status and NodeDevices
+# appeared up to 30 s after their Node. A missing Node is short-lived (an agent started before the registration, a
+# Node re-created).
+NODE_MISSING_RETRY_MAX_SECONDS = 2.0
+
 
 class Backoff:
     def __init__(

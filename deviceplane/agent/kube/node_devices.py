@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deviceplane.agent.kube.backoff import Backoff
+from deviceplane.agent.kube.backoff import NODE_MISSING_RETRY_MAX_SECONDS, Backoff
 from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
@@ -44,9 +44,6 @@ log = logging.getLogger("deviceplane.kube.node_devices")
 
 HEARTBEAT_SECONDS = 60.0
 ALLOCATION_POLL_FLOOR_SECONDS = 0.05  # `--nodedevices-debounce 0` spun the loop polling the allocation counter
-# Retries while the Node does not exist (yet): the growing backoff reached 30 s, so the object appeared up to 30 s
-# after its Node. A missing Node is short-lived (an agent started before the registration, a Node re-created).
-NODE_MISSING_RETRY_MAX_SECONDS = 2.0
 
 
 class NodeMissing(KubeError):

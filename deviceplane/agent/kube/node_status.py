@@ -25,10 +25,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from deviceplane.agent.kube.backoff import Backoff
+from deviceplane.agent.kube.backoff import NODE_MISSING_RETRY_MAX_SECONDS, Backoff
 from deviceplane.agent.kube.client import KubeApi
 from deviceplane.agent.kube.errors import KubeError
-from deviceplane.agent.kube.node_devices import NODE_MISSING_RETRY_MAX_SECONDS
 from deviceplane.aio import off_loop
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.pods import PodError, parse_quantity
