@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from deviceplane.core.checkpoint import CheckpointData, CheckpointEncoder
 
@@ -42,6 +42,9 @@ class CheckpointWriter:
         self._slice_seconds = slice_seconds
         self._next: asyncio.Future[None] | None = None  # shared by every request since the last write started
         self._runner: asyncio.Task[None] | None = None
+        # Awaited with each encoded file before it is written (AllocationStore journals its checksum there); an
+        # error fails that write.
+        self.before_write: Callable[[bytes], Awaitable[None]] | None = None
 
     def request(self) -> asyncio.Future[None]:
         """Ask for a write reflecting the current state; the future resolves once it is durable (or fails)."""
@@ -57,7 +60,10 @@ class CheckpointWriter:
             future, self._next = self._next, None
             data = self._snapshot()
             try:
-                await asyncio.to_thread(self._write, await self._encode(data))
+                blob = await self._encode(data)
+                if self.before_write is not None:
+                    await self.before_write(blob)
+                await asyncio.to_thread(self._write, blob)
             except Exception as err:
                 log.error("checkpoint write failed: %s", err)
                 if not future.done():

@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
-from deviceplane.agent.state.journal import Journal, alloc_record, release_record
-from deviceplane.core.checkpoint import CheckpointData
+from deviceplane.agent.state.journal import Journal, alloc_record, checkpoint_record, release_record
+from deviceplane.core.checkpoint import CheckpointData, checksum
 from deviceplane.core.pod_devices import Allocation, PodDevices
 from deviceplane.core.registry import DeviceRegistry
 
@@ -67,6 +67,14 @@ class AllocationStore:
         self._dirty = asyncio.Event()
         self.checkpoints = 0
         self.last_checkpoint_seconds = 0.0
+        checkpoint.before_write = self._journal_checkpoint
+
+    async def _journal_checkpoint(self, blob: bytes) -> None:
+        """Before a checkpoint is renamed into place: its checksum, durably in the journal (`checkpoint_record`), so
+        a start can tell our checkpoint from one another process wrote after the journal. A closed journal (the
+        agent stopping: every change is in this checkpoint already) or one never opened records nothing."""
+        if self._journal.is_open:
+            await self._journal.append(checkpoint_record(_blob_checksum(blob)))
 
     def restore(self, data: CheckpointData | None) -> tuple[int, int]:
         """Checkpoint entries, then the journal on top; returns (entries loaded, journal records applied). Blocking."""
@@ -74,7 +82,7 @@ class AllocationStore:
         if data is not None and data.PodDeviceEntries:
             skipped = self._pod_devices.load(data.PodDeviceEntries)
             loaded = len(data.PodDeviceEntries) - skipped
-        applied = self._journal.replay(self._pod_devices)
+        applied = self._journal.replay(self._pod_devices, None if data is None else checksum(data))
         self._journal.open()
         return loaded, applied
 
@@ -169,3 +177,8 @@ class AllocationStore:
         except Exception as err:
             log.warning("final checkpoint failed: %s", err)
         await self._journal.close()
+
+
+def _blob_checksum(blob: bytes) -> int:
+    """The `Checksum` of an encoded checkpoint (its last field: `...},"Checksum":<n>}`)."""
+    return int(blob[blob.rindex(b'"Checksum":') + len(b'"Checksum":') : blob.rindex(b"}")])

@@ -85,6 +85,13 @@ def release_record(pod_uid: str) -> dict[str, Any]:
     return {"op": "release", "pod": pod_uid}
 
 
+def checkpoint_record(checkpoint_sum: int) -> dict[str, Any]:
+    """Journaled (durably) just before the agent renames a checkpoint with this checksum into place: at start, a
+    checkpoint whose checksum no such record names was written by someone else (a kubelet that took the directory
+    over) after every record of the journal, which then must not be replayed over it."""
+    return {"op": "checkpoint", "sum": checkpoint_sum}
+
+
 def encode_record(record: dict[str, Any]) -> bytes:
     body = json.dumps(record, separators=(",", ":"), ensure_ascii=True).encode("ascii")
     return b"%08x %s\n" % (zlib.crc32(body), body)
@@ -132,6 +139,8 @@ def apply_record(pod_devices: PodDevices, record: dict[str, Any]) -> bool:
         if record["op"] == "release":
             pod_devices.remove_pod(str(record["pod"]))
             return True
+        if record["op"] == "checkpoint":
+            return False  # a marker: changes nothing (see `checkpoint_record`)
         if record["op"] == "alloc":
             entry = PodDevicesEntry(
                 PodUID=str(record["pod"]),
@@ -235,13 +244,24 @@ class Journal:
         self._dsync_writes = _RWF_DSYNC != 0
         self.corrupt_records = 0  # invalid records found in the middle of a segment at replay
         self._batch: _Pending | None = None  # records appended in this loop step, not yet committed
+        self.ignored_records = 0  # changes not replayed: the journal is older than the checkpoint (`replay`)
+        # The highest segment a switch has claimed (under `_spare_lock`): a spare is never made at or below it, as
+        # that would truncate (zero) a segment in use.
+        self._claimed = 0
 
     # -- start ---------------------------------------------------------------------------------------------------------
 
-    def replay(self, pod_devices: PodDevices) -> int:
-        """Apply every existing segment, oldest first; returns the number of records applied. Blocking."""
+    def replay(self, pod_devices: PodDevices, checkpoint_sum: int | None = None) -> int:
+        """Apply every existing segment, oldest first; returns the number of records applied. Blocking.
+
+        `checkpoint_sum`: the checksum of the checkpoint restored before (None: there was none). When the journal
+        names checkpoints it wrote (`checkpoint_record`) and none of them is this one, the checkpoint was written by
+        another process after the journal's last record (a kubelet that used the directory meanwhile): it is the
+        newer state, and the journal's records, all older, are not replayed over it (they could give a device the
+        kubelet has handed on to a second pod)."""
         applied = 0
         segments = list_segments(self.directory)
+        reads = []
         for _seq, path in segments:
             read = read_segment(path)
             if read.corrupt_lines:
@@ -250,14 +270,28 @@ class Journal:
                     "journal segment corrupt: records lost in the middle of it; the valid records after them are kept",
                     extra={"segment": str(path), "lines": read.corrupt_lines[:20], "count": len(read.corrupt_lines)},
                 )
-            for record in read.records:
-                applied += apply_record(pod_devices, record)
+            reads.append(read)
         self._seq = segments[-1][0] if segments else 0
+        records = [record for read in reads for record in read.records]
+        marks = {record.get("sum") for record in records if record.get("op") == "checkpoint"}
+        if checkpoint_sum is not None and marks and checkpoint_sum not in marks:
+            changes = sum(1 for record in records if record.get("op") in ("alloc", "release"))
+            log.warning(
+                "journal older than the checkpoint (another process, a kubelet, wrote the checkpoint after it); "
+                "its records are not replayed",
+                extra={"segments": len(segments), "records_ignored": changes, "checkpoint_checksum": checkpoint_sum},
+            )
+            self.ignored_records = changes
+            return 0
+        for record in records:
+            applied += apply_record(pod_devices, record)
         return applied
 
     def open(self) -> None:
         """Start a fresh segment after the replayed ones. Blocking."""
         self._seq += 1
+        with self._spare_lock:
+            self._claimed = self._seq
         self._fd = self._create_segment(self._seq)
         self._offset = 0
         self._closed_upto = self._seq - 1
@@ -292,6 +326,10 @@ class Journal:
             os.close(dir_fd)
 
     # -- appends -------------------------------------------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
 
     @property
     def segment(self) -> int:
@@ -494,6 +532,10 @@ class Journal:
 
     def _prepare_spare(self, seq: int) -> None:
         with self._spare_lock:
+            if seq <= self._claimed:
+                # Late (a switch got there first and created that segment itself): making it now would truncate
+                # the segment in use, and replacing it later would unlink it.
+                return
             if self._spare is None or self._spare[0] < seq:
                 if self._spare is not None:
                     old, self._spare = self._spare, None
@@ -503,12 +545,13 @@ class Journal:
                 self._spare = (seq, self._create_segment(seq))
 
     def _take_segment(self, seq: int) -> int:
-        with self._spare_lock:
+        with self._spare_lock:  # held while creating, so a late spare of `seq` cannot truncate it meanwhile
+            self._claimed = max(self._claimed, seq)
             if self._spare is not None and self._spare[0] == seq:
                 fd = self._spare[1]
                 self._spare = None
                 return fd
-        return self._create_segment(seq)
+            return self._create_segment(seq)
 
     def _switch(self, seq: int) -> None:
         fd = self._take_segment(seq)
