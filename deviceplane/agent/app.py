@@ -59,7 +59,7 @@ from deviceplane.agent.serving.podresources import PodResourcesServer, PodResour
 from deviceplane.agent.serving.state_metrics import JournalCorruptionCollector
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
-from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
+from deviceplane.agent.state.durability import AllocationStore, CheckpointContent, journal_checksums
 from deviceplane.agent.state.journal import INLINE_SYNC_LIMIT_SECONDS, Journal
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.agent.tasks import TaskFactory
@@ -160,8 +160,13 @@ class Agent:
 
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
         content = CheckpointContent(self.registry, self.pod_devices)
-        checkpoint = CheckpointWriter(self._checkpoint_file.write_encoded, content.snapshot, CheckpointEncoder())
         journal = Journal(config.plugin_dir, inline_sync_limit=config.journal_inline_sync_limit)
+        checkpoint = CheckpointWriter(
+            self._checkpoint_file.write_encoded,
+            content.snapshot,
+            CheckpointEncoder(),
+            before_write=journal_checksums(journal),
+        )
         self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
         self.metrics.prometheus.register(
             DurationsCollector(

@@ -35,6 +35,7 @@ class CheckpointWriter:
         snapshot: Callable[[], CheckpointData],
         encoder: CheckpointEncoder,
         slice_seconds: float = ENCODE_SLICE_SECONDS,
+        before_write: Callable[[bytes], Awaitable[None]] | None = None,
     ) -> None:
         self._write = write  # blocking, the encoded file: runs in a worker thread
         self._snapshot = snapshot  # cheap, on the loop: captures the state to persist
@@ -42,9 +43,9 @@ class CheckpointWriter:
         self._slice_seconds = slice_seconds
         self._next: asyncio.Future[None] | None = None  # shared by every request since the last write started
         self._runner: asyncio.Task[None] | None = None
-        # Awaited with each encoded file before it is written (AllocationStore journals its checksum there); an
-        # error fails that write.
-        self.before_write: Callable[[bytes], Awaitable[None]] | None = None
+        # Awaited with each encoded file before it is written (the agent journals its checksum there,
+        # durability.journal_checksums); an error fails that write.
+        self._before_write = before_write
 
     def request(self) -> asyncio.Future[None]:
         """Ask for a write reflecting the current state; the future resolves once it is durable (or fails)."""
@@ -61,8 +62,8 @@ class CheckpointWriter:
             data = self._snapshot()
             try:
                 blob = await self._encode(data)
-                if self.before_write is not None:
-                    await self.before_write(blob)
+                if self._before_write is not None:
+                    await self._before_write(blob)
                 await asyncio.to_thread(self._write, blob)
             except Exception as err:
                 log.error("checkpoint write failed: %s", err)

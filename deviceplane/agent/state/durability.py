@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.journal import Journal, alloc_record, checkpoint_record, release_record
@@ -67,14 +67,6 @@ class AllocationStore:
         self._dirty = asyncio.Event()
         self.checkpoints = 0
         self.last_checkpoint_seconds = 0.0
-        checkpoint.before_write = self._journal_checkpoint
-
-    async def _journal_checkpoint(self, blob: bytes) -> None:
-        """Before a checkpoint is renamed into place: its checksum, durably in the journal (`checkpoint_record`), so
-        a start can tell our checkpoint from one another process wrote after the journal. A closed journal (the
-        agent stopping: every change is in this checkpoint already) or one never opened records nothing."""
-        if self._journal.is_open:
-            await self._journal.append(checkpoint_record(_blob_checksum(blob)))
 
     def restore(self, data: CheckpointData | None) -> tuple[int, int]:
         """Checkpoint entries, then the journal on top; returns (entries loaded, journal records applied). Blocking."""
@@ -177,6 +169,19 @@ class AllocationStore:
         except Exception as err:
             log.warning("final checkpoint failed: %s", err)
         await self._journal.close()
+
+
+def journal_checksums(journal: Journal) -> Callable[[bytes], Awaitable[None]]:
+    """The CheckpointWriter's `before_write`: before a checkpoint is renamed into place, its checksum goes durably
+    into the journal (`checkpoint_record`), so a start can tell our checkpoint from one another process wrote after
+    the journal. A closed journal (the agent stopping: every change is in this checkpoint already) or one never
+    opened records nothing."""
+
+    async def record(blob: bytes) -> None:
+        if journal.is_open:
+            await journal.append(checkpoint_record(_blob_checksum(blob)))
+
+    return record
 
 
 def _blob_checksum(blob: bytes) -> int:
