@@ -129,7 +129,8 @@ class DevicePluginConfigSpec(CrdModel):
         min_length=3,
         max_length=317,
         description="The extended resource the plugin serves (<domain>/<name>); used to detect two configs "
-        "serving one resource on the same node.",
+        "serving one resource on the same node. It is not passed to the plugin: give the plugin its resource in "
+        "args or env as the plugin expects, and change both together.",
         json_schema_extra={"x-kubernetes-validations": RESOURCE_NAME_RULES},
     )
     image: str = Field(
@@ -148,7 +149,11 @@ class DevicePluginConfigSpec(CrdModel):
     )
     command: list[str] | None = Field(default=None, description="Container entrypoint (the image's when empty).")
     args: list[str] = Field(default_factory=list, description="Arguments of the plugin.")
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment (NODE_NAME is always set).")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra environment. NODE_NAME is always set to the pod's node (downward API); an entry named "
+        "NODE_NAME here is ignored.",
+    )
     resources: ResourceRequirements | None = Field(default=None, description="CPU/memory of the plugin container.")
     nodeSelector: dict[str, str] = Field(
         default_factory=dict, description="Node labels a node must have to run the plugin."
@@ -178,8 +183,9 @@ class DevicePluginConfigSpec(CrdModel):
     )
     securityContext: dict[str, Any] | None = Field(
         default=None,
-        description="A core/v1 SecurityContext replacing the secure default (no privilege escalation, read-only "
-        "root filesystem, all capabilities dropped); e.g. {privileged: true} for plugins that need it.",
+        description="A core/v1 SecurityContext replacing the secure default as a whole (no privilege escalation, "
+        "read-only root filesystem, all capabilities dropped, seccomp profile RuntimeDefault); e.g. "
+        "{privileged: true} for plugins that need it.",
     )
     paused: bool = Field(default=False, description="Stop changing the DaemonSet (status is still reported).")
 

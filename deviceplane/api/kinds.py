@@ -79,6 +79,22 @@ DEVICE_PLUGIN_CONFIG = CrdSpec(
             "string",
             "Shares nodes with another config.",
         ),
+        # The counts are the DaemonSet's: a refused or paused change leaves them all "healthy" while the DaemonSet
+        # runs an older spec. The Ready and Degraded conditions' reasons say what the counts cannot.
+        PrinterColumn(
+            "Status",
+            '.status.conditions[?(@.type=="Ready")].reason',
+            "string",
+            "Why the config is (not) Ready: Available, NoNodes, RollingOut, Pending, DaemonSetMissing, "
+            "DaemonSetOutdated (the DaemonSet does not run the current spec), Paused.",
+        ),
+        PrinterColumn(
+            "Degraded",
+            '.status.conditions[?(@.type=="Degraded")].reason',
+            "string",
+            "What is failing (AsExpected: nothing): PodsFailing, DaemonSetRejected, DaemonSetWriteFailed, "
+            "DaemonSetNotOurs, ConfigMapMissing, InvalidSpec.",
+        ),
     ),
     labels=LABELS,
 )

@@ -95,6 +95,8 @@ def test_device_plugin_config_crd_constraints() -> None:
         "Ready",
         "Up-to-date",
         "Conflict",
+        "Status",
+        "Degraded",
         "Age",
     ]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
