@@ -273,6 +273,7 @@ class Agent:
         if self.heap.settling:
             self.background.append(("heap-settle", self.heap.run))
         self._admitting = False
+        self._restored = False
         self._ready = False
 
     def _cluster_mode(self, *, proxy: bool) -> ClusterMode:
@@ -351,6 +352,7 @@ class Agent:
             removed = await self.proxy.recover(self.manager.register)
         else:
             self.admission.restore(restored)
+            self._restored = True  # the journal is open: stop closes it, even if start is cut short after this
             removed = cleanup_plugin_dir(plugin_dir)
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
@@ -408,8 +410,12 @@ class Agent:
         if self._debug_admit is not None:
             await self._debug_admit.close()
         if self._admitting:
-            await self.admission.stop()
+            await self.admission.stop_admitting()
+        # Plugins disconnected first: their devices turn unhealthy, which changes the checkpoint, and the journal
+        # (closed last) must name the checkpoint left on disk, or the next start takes it for a kubelet's.
         await self.manager.stop()
+        if self._restored:
+            await self.admission.close()
         if self._http is not None:
             await self._http.cleanup()
             self._http = None

@@ -41,7 +41,7 @@ class AllocationResult(StrEnum):
     EMPTY_RESPONSE = "empty_response"  # Allocate answered without a container response
     PREFERRED_RPC_ERROR = "preferred_rpc_error"  # GetPreferredAllocation failed
     PRE_START_ERROR = "pre_start_error"  # PreStartContainer failed
-    INTERNAL = "internal"  # a bug in the agent (resource_name empty)
+    INTERNAL = "internal"  # a bug in the agent (resource_name empty, or the resource whose state it found broken)
 
 
 class AllocationError(Exception):

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
-from deviceplane.agent.state.journal import Journal, alloc_record
+from deviceplane.agent.state.journal import Journal, alloc_record, checkpoint_record
 from deviceplane.core.checkpoint import PodDevicesEntry
 from deviceplane.core.pod_devices import PodDevices
 from tests.integration.test_allocation_journal import alloc, state
@@ -72,6 +72,9 @@ def test_agent_after_a_clean_stop_keeps_its_journal(short_tmp: Path) -> None:
         env.start_agent()
         pod = wait_settled(env.agent, "a")
         assert pod["admitted"] and pod.get("restored") and devices_of(pod, RES) == held
+        # The plugin back: stopping disconnects it, which changes the checkpoint (its devices turn unhealthy). That
+        # checkpoint must be journaled as ours too (it was written after the journal closed, unmarked).
+        env.wait_devices(RES, 2)
         env.agent.stop()
         env.start_agent()
         pod = wait_settled(env.agent, "a")
@@ -104,3 +107,24 @@ async def test_late_spare_does_not_truncate_the_segment_in_use(tmp_path: Path) -
     Journal(tmp_path).replay(pds)
     assert state(pds) == {"p0": {"d0"}}
     await journal.close()
+
+
+async def test_records_journaled_after_adopting_a_kubelet_checkpoint_survive_the_next_crash(tmp_path: Path) -> None:
+    """A start that finds a kubelet's checkpoint ignores the older journal; what that run journals before its own
+    first checkpoint must not be ignored with it at the next start (the ignored segments, whose marks still do not
+    name the kubelet's checkpoint, were left in place: an admission reported durable was lost)."""
+    ours = Journal(tmp_path)
+    ours.replay(PodDevices())
+    ours.open()
+    await ours.append(checkpoint_record(111))
+    await ours.append(alloc_record(alloc("p0", "d0")))
+    await ours.close()
+    # SIGKILL; a kubelet takes over and writes checkpoint 222, which lacks p0. The agent comes back.
+    adopting = Journal(tmp_path)
+    assert adopting.replay(PodDevices(), 222) == 0
+    adopting.open()
+    await adopting.append(alloc_record(alloc("p1", "d1")))  # p1 admitted, durable
+    # SIGKILLed before its first checkpoint: the next start still finds the kubelet's checkpoint.
+    after = PodDevices()
+    Journal(tmp_path).replay(after, 222)
+    assert state(after) == {"p1": {"d1"}}

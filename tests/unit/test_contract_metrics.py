@@ -44,9 +44,7 @@ def test_allocation_results_exist_at_zero_once_a_resource_registers() -> None:
     metrics.count_registration("example.com/gpu")
     metrics.count_registration("not a resource name")
     samples = allocation_samples(metrics)
-    wanted = {
-        ("example.com/gpu", result.value) for result in AllocationResult if result is not AllocationResult.INTERNAL
-    }
+    wanted = {("example.com/gpu", result.value) for result in AllocationResult}
     assert set(samples) == wanted | {("", "internal")}
     assert all(value == 0.0 for value in samples.values())
     metrics.count_allocation("example.com/gpu", AllocationResult.TIMEOUT)

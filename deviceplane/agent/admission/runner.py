@@ -59,8 +59,13 @@ class AdmissionRunner:
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_SECONDS))
         self._store.start()
 
-    async def stop(self) -> None:
+    async def stop_admitting(self) -> None:
+        """Cancel the admissions in flight (each releases what it took)."""
         await cancel_and_wait([admission.task for admission in self._admissions.values()])
+
+    async def close(self) -> None:
+        """After `restore`: a last checkpoint, then the journal is closed. Call once the plugins are disconnected,
+        so that last checkpoint, journaled as ours, is the one left on disk."""
         await self._store.close()
 
     async def settled(self, uid: str) -> PodRecord | None:

@@ -134,9 +134,8 @@ class AgentMetrics:
         results are exported at 0 from then on (`_allocation_count`)."""
         if is_extended_resource_name(resource):
             self.registration_total.labels(resource).inc()
-            for result in AllocationResult:
-                if result is not AllocationResult.INTERNAL:
-                    self._allocation_count(resource, result)
+            for result in AllocationResult:  # `internal` too: a PreStart finding no devices held counts it here
+                self._allocation_count(resource, result)
         else:
             self.registration_total.labels(INVALID_RESOURCE_LABEL).inc()
 

@@ -244,7 +244,6 @@ class Journal:
         self._dsync_writes = _RWF_DSYNC != 0
         self.corrupt_records = 0  # invalid records found in the middle of a segment at replay
         self._batch: _Pending | None = None  # records appended in this loop step, not yet committed
-        self.ignored_records = 0  # changes not replayed: the journal is older than the checkpoint (`replay`)
         # The highest segment a switch has claimed (under `_spare_lock`): a spare is never made at or below it, as
         # that would truncate (zero) a segment in use.
         self._claimed = 0
@@ -278,10 +277,16 @@ class Journal:
             changes = sum(1 for record in records if record.get("op") in ("alloc", "release"))
             log.warning(
                 "journal older than the checkpoint (another process, a kubelet, wrote the checkpoint after it); "
-                "its records are not replayed",
+                "its records are not replayed, and its segments are deleted",
                 extra={"segments": len(segments), "records_ignored": changes, "checkpoint_checksum": checkpoint_sum},
             )
-            self.ignored_records = changes
+            # The decision must outlive this run: left in place, the same segments (whose marks still do not name
+            # this checkpoint) would make the next start ignore the records this run journals before its own first
+            # checkpoint too. The next segment's creation fsyncs the directory, so the removal is durable before
+            # any record of this run is.
+            for _seq, path in segments:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
             return 0
         for record in records:
             applied += apply_record(pod_devices, record)
