@@ -58,7 +58,8 @@ async def test_nothing_is_freed_before_all_sources_are_synced(tmp_path: Path) ->
         assert agent.pod_devices.pods() == {"kept"}
         assert await admitted(controller, "done") == "terminated"
     finally:
-        await controller.stop()
+        await controller.stop_admitting()
+        await controller.close()
 
 
 async def test_removed_pod_is_freed_at_once_when_synced(tmp_path: Path) -> None:
@@ -72,4 +73,5 @@ async def test_removed_pod_is_freed_at_once_when_synced(tmp_path: Path) -> None:
         assert agent.pod_devices.pods() == set()
         assert agent.views.pods() == []
     finally:
-        await controller.stop()
+        await controller.stop_admitting()
+        await controller.close()
