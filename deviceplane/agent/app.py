@@ -35,6 +35,7 @@ from deviceplane.agent.admission.admitter import (
 from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, PluginCalls
 from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory
 from deviceplane.agent.admission.runner import AdmissionRunner
+from deviceplane.agent.busy_poll import BusyPoll
 from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS, HeapKeeper
 from deviceplane.agent.host import default_node_name, detect_numa_nodes
 from deviceplane.agent.kube.errors import KubeError
@@ -126,7 +127,9 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, busy_poll: BusyPoll | None = None) -> None:
+        """`busy_poll`: the window the event loop's selector honours (agent/busy_poll.py; the loop must have been
+        made by its `event_loop`); None: admissions never ask the loop to poll."""
         self.config = config
 
         # -- state: what the agent knows --------------------------------------------------------------------------
@@ -218,6 +221,7 @@ class Agent:
             device_changes=device_changes,
             metrics=self.metrics,
             failure_listeners=(self.cluster.events.failed,) if self.cluster and self.cluster.events else (),
+            busy_poll=busy_poll if busy_poll is not None else BusyPoll(0.0),
         )
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
         admitter = Admitter(parts, settings)
@@ -429,9 +433,9 @@ class Agent:
             self.loop_watchdog.stop()
 
 
-async def run_agent(config: AgentConfig) -> int:
+async def run_agent(config: AgentConfig, busy_poll: BusyPoll | None = None) -> int:
     try:
-        agent = Agent(config)
+        agent = Agent(config, busy_poll)
     except (KubeError, ConfigError) as err:
         log.error("agent failed to start: %s", err)
         return 1

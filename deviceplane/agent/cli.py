@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from deviceplane import logs
+from deviceplane.agent.busy_poll import BUSY_POLL_SECONDS, BusyPoll
 from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_POD_RESOURCES_SOCKET
@@ -154,6 +155,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_loop_stall_argument(parser)
     parser.add_argument(
+        "--busy-poll",
+        type=duration,
+        default=BUSY_POLL_SECONDS,
+        help="while one admission alone waits for its plugin, the event loop polls instead of sleeping, for at most "
+        "this long per plugin call (keeps the CPU from idling through the round trip: faster answer and fdatasync, "
+        f"at the cost of that much CPU); 0 turns it off [{BUSY_POLL_SECONDS * 1000:g}ms]",
+    )
+    parser.add_argument(
         "--gc-settle-interval",
         type=duration,
         default=SETTLE_INTERVAL_SECONDS,
@@ -217,4 +226,6 @@ def run(args: argparse.Namespace) -> int:
         loop_stall_seconds=args.loop_stall_seconds,
         gc_settle_interval=args.gc_settle_interval,
     )
-    return asyncio.run(run_agent(config))
+    busy_poll = BusyPoll(args.busy_poll)
+    with asyncio.Runner(loop_factory=busy_poll.event_loop) as runner:
+        return runner.run(run_agent(config, busy_poll))

@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 from deviceplane.agent.admission.plugin_calls import PluginCalls
+from deviceplane.agent.busy_poll import BusyPoll
 from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.serving.metrics import AgentMetrics
@@ -36,6 +38,8 @@ log = logging.getLogger("deviceplane.admission")
 # After the agent starts, an admission waits this long for the plugins of the resources it needs to (re)register
 # and report devices, instead of failing at once as the kubelet does (kubernetes#118559).
 STARTUP_PLUGIN_WAIT_SECONDS = 10.0
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class AdmissionParts:
     metrics: AgentMetrics
     # Told (source, pod, reason) when an admission fails: the API pod source's Warning Events.
     failure_listeners: Sequence[Callable[[str, Pod, str], None]] = ()
+    # Armed while an admission alone in flight waits for its plugin (busy_poll.py); the default never polls.
+    busy_poll: BusyPoll = field(default_factory=lambda: BusyPoll(0.0))
 
 
 class Admitter:
@@ -90,6 +96,7 @@ class Admitter:
         self._device_changes = parts.device_changes
         self._metrics = parts.metrics
         self._failure_listeners = tuple(parts.failure_listeners)
+        self._busy_poll = parts.busy_poll
         self._settings = settings
         self._clock = clock
         self._started_at = clock()
@@ -121,7 +128,7 @@ class Admitter:
                 # PreStartContainer (the container's start) comes before durability: a crash in between leaves
                 # nothing restorable, so a restored pod has always had its PreStart.
                 for call in pre_start_calls(self._allocator, pod):
-                    await self._plugins.pre_start(call)
+                    await self._plugin_call(self._plugins.pre_start(call))
                 timed = await self._durable(pod)
         except asyncio.CancelledError:
             self.release(pod.uid, "admission cancelled")
@@ -191,14 +198,24 @@ class Admitter:
             step = next(steps)
             while True:
                 if isinstance(step, AllocateCall):
-                    step = steps.send(await self._plugins.allocate(step))
+                    step = steps.send(await self._plugin_call(self._plugins.allocate(step)))
                 else:
-                    step = steps.send(await self._plugins.preferred(step))
+                    step = steps.send(await self._plugin_call(self._plugins.preferred(step)))
         except StopIteration as done:
             outcome: PodOutcome = done.value
             return outcome
         finally:
             steps.close()
+
+    async def _plugin_call(self, call: Awaitable[T]) -> T:
+        """Await a plugin RPC; alone in flight, the loop polls through the wait instead of sleeping (busy_poll.py)."""
+        if self._in_flight.count != 1:
+            return await call
+        self._busy_poll.arm()
+        try:
+            return await call
+        finally:
+            self._busy_poll.disarm()
 
     def _commit(self, pod: Pod) -> None:
         """The admission is complete: the pod may enter the checkpoint. Run-option conflicts (spec §4.10: the first

@@ -1,0 +1,43 @@
+"""Busy polling in the real agent: while one admission waits for a slow plugin, the agent polls for `--busy-poll` and
+then sleeps; with `--busy-poll 0` it never polls. The agent's CPU is read from /proc (user + system ticks)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.support.alloc_env import alloc_env
+from tests.support.pods import container, devices_of, pod_manifest, wait_settled, write_pod
+
+RES = "example.com/sim"
+HANG_SECONDS = 1.5
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _cpu_through_a_slow_allocate(root: Path, busy_poll: str) -> float:
+    """The agent's CPU seconds over one admission whose Allocate answers after HANG_SECONDS."""
+    with alloc_env(root) as env:
+        agent = env.start_agent("--busy-poll", busy_poll)
+        sim = env.sim(RES, 2, 0, "--no-pre-start")
+        sim.control("PUT", "/faults/Allocate", {"mode": "hang", "seconds": HANG_SECONDS, "times": 1})
+        assert agent.proc is not None
+        before = _cpu_seconds(agent.proc.pid)
+        write_pod(env.pod_dir, "a.json", pod_manifest("a", [container("main", {RES: 1})], uid="uid-a"))
+        pod = wait_settled(agent, "a")
+        spent = _cpu_seconds(agent.proc.pid) - before
+        assert pod["admitted"] and len(devices_of(pod, RES)) == 1
+        return spent
+
+
+def test_a_slow_plugin_costs_the_budget_not_the_wait(short_tmp: Path) -> None:
+    polled = _cpu_through_a_slow_allocate(short_tmp / "on", "400ms")
+    # Polled about 0.4 s (less if the CPU was taken from it), then slept: 1.5 s of polling would show.
+    assert 0.1 < polled < 1.0, polled
+
+
+def test_no_polling_with_zero(short_tmp: Path) -> None:
+    assert _cpu_through_a_slow_allocate(short_tmp / "off", "0") < 0.1
