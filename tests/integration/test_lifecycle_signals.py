@@ -68,6 +68,10 @@ def test_a_stop_signal_while_start_waits_for_the_plugin_watcher(short_tmp: Path,
         code, took = stop_and_time(agent.proc, sig)
         assert code == 0 and took < PROMPT_SECONDS, f"exit {code} after {took:.1f}s\n{agent.log()[-2000:]}"
         assert_left_clean(agent.plugin_dir, agent.log())
+        # Start had opened the journal (restore comes before the wait): it was closed, its unused spare segment
+        # removed, as at any clean stop (the journal of a start cut short was left open, a spare beside it).
+        segments = sorted(p.name for p in agent.plugin_dir.glob("deviceplane_allocations.*.journal"))
+        assert len(segments) == 1, segments
     finally:
         agent.kill()
 
