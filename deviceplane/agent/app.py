@@ -57,7 +57,7 @@ from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.agent.serving.http_api import build_app, serve
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.serving.podresources import PodResourcesServer, PodResourcesServicer
-from deviceplane.agent.serving.state_metrics import JournalCorruptionCollector
+from deviceplane.agent.serving.state_metrics import busy_poll_seconds, journal_corrupt_records
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent, journal_checksums
@@ -131,6 +131,7 @@ class Agent:
         """`busy_poll`: the window the event loop's selector honours (agent/busy_poll.py; the loop must have been
         made by its `event_loop`); None: admissions never ask the loop to poll."""
         self.config = config
+        busy_poll = busy_poll if busy_poll is not None else BusyPoll(0.0)
 
         # -- state: what the agent knows --------------------------------------------------------------------------
         self.registry = DeviceRegistry(config.grace_period)
@@ -170,7 +171,7 @@ class Agent:
             CheckpointEncoder(),
             before_write=journal_checksums(journal),
         )
-        self.metrics.prometheus.register(JournalCorruptionCollector(lambda: journal.corrupt_records))
+        self.metrics.prometheus.register(journal_corrupt_records(lambda: journal.corrupt_records))
         self.metrics.prometheus.register(
             DurationsCollector(
                 "deviceplane_journal_sync_duration_seconds",
@@ -221,8 +222,9 @@ class Agent:
             device_changes=device_changes,
             metrics=self.metrics,
             failure_listeners=(self.cluster.events.failed,) if self.cluster and self.cluster.events else (),
-            busy_poll=busy_poll if busy_poll is not None else BusyPoll(0.0),
+            busy_poll=busy_poll,
         )
+        self.metrics.prometheus.register(busy_poll_seconds(lambda: busy_poll.polled_seconds))
         settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
         admitter = Admitter(parts, settings)
         self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, admitter)

@@ -25,12 +25,13 @@ BUSY_POLL_SECONDS = 0.001
 class BusyPoll:
     """The window in which the loop polls instead of sleeping: armed by whoever waits, read by the selector."""
 
-    __slots__ = ("_clock", "budget", "until")
+    __slots__ = ("_clock", "budget", "polled_seconds", "until")
 
     def __init__(self, budget: float = BUSY_POLL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = budget
         self._clock = clock
         self.until = 0.0  # the loop polls until this moment (its clock); 0: it sleeps as usual
+        self.polled_seconds = 0.0  # time spent polling so far (deviceplane_agent_busy_poll_seconds_total)
 
     def arm(self) -> None:
         """Poll through the next `budget` seconds (a wait starts)."""
@@ -40,6 +41,10 @@ class BusyPoll:
     def disarm(self) -> None:
         """The wait is over: sleep as usual again."""
         self.until = 0.0
+
+    def polled(self, seconds: float) -> None:
+        """The selector polled this long (counted for the metric)."""
+        self.polled_seconds += seconds
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """A loop factory (asyncio.Runner): a selector event loop whose selector honours this window."""
@@ -63,7 +68,9 @@ class BusyPollSelector(selectors.DefaultSelector):
             until = min(until, started + timeout)  # a timer due sooner is not overrun
         while now < until:
             ready: list[tuple[selectors.SelectorKey, int]] = super().select(0)
-            if ready:
-                return ready
             now = self._clock()
+            if ready:
+                self._window.polled(now - started)
+                return ready
+        self._window.polled(now - started)
         return super().select(None if timeout is None else max(0.0, timeout - (now - started)))

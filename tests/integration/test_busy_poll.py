@@ -1,5 +1,6 @@
 """Busy polling in the real agent: while one admission waits for a slow plugin, the agent polls for `--busy-poll` and
-then sleeps; with `--busy-poll 0` it never polls. The agent's CPU is read from /proc (user + system ticks)."""
+then sleeps; with `--busy-poll 0` it never polls. The agent's CPU is read from /proc (user + system ticks), the
+polling it reports from `deviceplane_agent_busy_poll_seconds_total`."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def _cpu_through_a_slow_allocate(root: Path, busy_poll: str) -> float:
-    """The agent's CPU seconds over one admission whose Allocate answers after HANG_SECONDS."""
+def _cpu_through_a_slow_allocate(root: Path, busy_poll: str) -> tuple[float, float | None]:
+    """The agent's CPU seconds over one admission whose Allocate answers after HANG_SECONDS, and the seconds of
+    polling its metric reports."""
     with alloc_env(root) as env:
         agent = env.start_agent("--busy-poll", busy_poll)
         sim = env.sim(RES, 2, 0, "--no-pre-start")
@@ -30,14 +32,17 @@ def _cpu_through_a_slow_allocate(root: Path, busy_poll: str) -> float:
         pod = wait_settled(agent, "a")
         spent = _cpu_seconds(agent.proc.pid) - before
         assert pod["admitted"] and len(devices_of(pod, RES)) == 1
-        return spent
+        return spent, agent.metric("deviceplane_agent_busy_poll_seconds_total")
 
 
 def test_a_slow_plugin_costs_the_budget_not_the_wait(short_tmp: Path) -> None:
-    polled = _cpu_through_a_slow_allocate(short_tmp / "on", "400ms")
-    # Polled about 0.4 s (less if the CPU was taken from it), then slept: 1.5 s of polling would show.
-    assert 0.1 < polled < 1.0, polled
+    cpu, reported = _cpu_through_a_slow_allocate(short_tmp / "on", "400ms")
+    # Polled about 0.4 s (less CPU if the CPU was taken from it), then slept: 1.5 s of polling would show.
+    assert 0.1 < cpu < 1.0, cpu
+    assert reported is not None and 0.2 < reported < 0.41, reported  # never past the budget
 
 
 def test_no_polling_with_zero(short_tmp: Path) -> None:
-    assert _cpu_through_a_slow_allocate(short_tmp / "off", "0") < 0.1
+    cpu, reported = _cpu_through_a_slow_allocate(short_tmp / "off", "0")
+    # The agent's other work in those 1.5 s (a heap settle, the checkpoint) may take a little CPU, never 1.5 s.
+    assert reported == 0.0 and cpu < 0.3, (reported, cpu)

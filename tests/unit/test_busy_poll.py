@@ -59,6 +59,7 @@ def test_polling_stops_at_the_budget_then_it_sleeps(pair: tuple[socket.socket, s
     cpu = time.thread_time() - cpu
     sender.join()
     assert ready and cpu < 0.25  # polled ~0.02 s, then slept through the rest (0.5 s of polling would show)
+    assert 0.01 < window.polled_seconds < 0.25  # what the metric reports: the polling, not the sleep after it
     selector.close()
 
 
@@ -76,6 +77,7 @@ def test_disarmed_or_without_budget_it_sleeps(pair: tuple[socket.socket, socket.
         sender.join()
         pair[0].recv(16)
         assert cpu < 0.1  # 0.3 s of polling would show
+        assert window.polled_seconds == 0.0
         selector.close()
 
 
