@@ -2,10 +2,11 @@
 
 A sequential admission spends most of its time waiting: for the plugin's Allocate answer, then for the disk. When
 the loop sleeps through the plugin's round trip (~0.2-0.4 ms), the CPU idles, and on a virtual machine an idle vCPU
-is halted and descheduled by the host: the answer then wakes it through the host, the agent's code runs cold, and the
-fdatasync issued right after costs up to twice what the same write costs on a busy CPU (benchmarks/README.md,
-"Busy polling"). Polling without sleeping for a bounded time keeps the CPU running through the wait, as the kernel's
-own busy polling (`net.core.busy_poll`) and KVM's halt polling do.
+is halted by the host: the answer then has to wake it through the host before the agent reads it. Polling without
+sleeping for a bounded time keeps the CPU running through the wait, as the kernel's own busy polling
+(`net.core.busy_poll`) and KVM's halt polling do: with it, the RPC's part of a sequential admission takes what a
+bare round trip takes, ~60 µs less here (benchmarks/README.md, "Busy polling"). The disk's wait is a blocking
+system call, which polling cannot shorten.
 
 The cost is CPU: at most `budget` seconds of one CPU per plugin call, and only while exactly one admission is in
 flight (the admitter arms it then; with more in flight the loop has their work to do, and spinning would take the

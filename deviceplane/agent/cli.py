@@ -159,8 +159,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=duration,
         default=BUSY_POLL_SECONDS,
         help="while one admission alone waits for its plugin, the event loop polls instead of sleeping, for at most "
-        "this long per plugin call (keeps the CPU from idling through the round trip: faster answer and fdatasync, "
-        f"at the cost of that much CPU); 0 turns it off [{BUSY_POLL_SECONDS * 1000:g}ms]",
+        "this long per plugin call (the CPU does not idle through the round trip, so the answer is read at once; "
+        f"it costs up to that much CPU); 0 turns it off [{BUSY_POLL_SECONDS * 1000:g}ms]",
     )
     parser.add_argument(
         "--gc-settle-interval",

@@ -127,4 +127,5 @@ async def test_records_journaled_after_adopting_a_kubelet_checkpoint_survive_the
     # SIGKILLed before its first checkpoint: the next start still finds the kubelet's checkpoint.
     after = PodDevices()
     Journal(tmp_path).replay(after, 222)
+    await adopting.close()
     assert state(after) == {"p1": {"d1"}}
