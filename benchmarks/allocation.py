@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from deviceplane.agent.admission.runner import AdmissionRunner  # noqa: E402
 from deviceplane.agent.app import Agent, AgentConfig  # noqa: E402
+from deviceplane.agent.busy_poll import BUSY_POLL_SECONDS, BusyPoll  # noqa: E402
 from deviceplane.core.pod_table import PodState  # noqa: E402
 from deviceplane.core.pods import Container, Pod  # noqa: E402
 
@@ -92,7 +93,7 @@ async def wait_devices(agent: Agent, resource: str, count: int) -> None:
     raise RuntimeError(f"{resource}: plugin did not register {count} devices")
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace, busy_poll: BusyPoll) -> None:
     work = Path(tempfile.mkdtemp(prefix="dp-bench-", dir="/tmp"))
     config = AgentConfig(
         plugin_dir=work / "dp",
@@ -102,7 +103,7 @@ async def main(args: argparse.Namespace) -> None:
         http_addr="127.0.0.1:0",
         startup_plugin_wait=0,
     )
-    agent = Agent(config)
+    agent = Agent(config, busy_poll)
     plugins: list[subprocess.Popen[bytes]] = []
     try:
         await agent.start()
@@ -150,4 +151,10 @@ if __name__ == "__main__":
         "--all-rpcs", action="store_true", help="the sim also asks for GetPreferredAllocation and PreStartContainer"
     )
     parser.add_argument("--filler", type=int, default=5000, help="containers holding devices in the second run [5000]")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument(
+        "--busy-poll", type=float, default=BUSY_POLL_SECONDS, help="seconds, as the agent's flag; 0 off [0.001]"
+    )
+    arguments = parser.parse_args()
+    window = BusyPoll(arguments.busy_poll)  # the agent's loop, as `deviceplane agent` makes it
+    with asyncio.Runner(loop_factory=window.event_loop) as runner:
+        runner.run(main(arguments, window))
