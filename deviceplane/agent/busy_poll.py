@@ -5,7 +5,7 @@ the loop sleeps through the plugin's round trip (~0.2-0.4 ms), the CPU idles, an
 is halted by the host: the answer then has to wake it through the host before the agent reads it. Polling without
 sleeping for a bounded time keeps the CPU running through the wait, as the kernel's own busy polling
 (`net.core.busy_poll`) and KVM's halt polling do: with it, the RPC's part of a sequential admission takes what a
-bare round trip takes, ~60 µs less here (benchmarks/README.md, "Busy polling"). The disk's wait is a blocking
+bare round trip takes, 45-60 µs less here (benchmarks/README.md, "Busy polling"). The disk's wait is a blocking
 system call, which polling cannot shorten.
 
 The cost is CPU: at most `budget` seconds of one CPU per plugin call, and only while exactly one admission is in
