@@ -27,18 +27,18 @@ BUSY_POLL_SECONDS = 0.001
 class BusyPoll:
     """The window in which the loop polls instead of sleeping: armed by whoever waits, read by the selector."""
 
-    __slots__ = ("_clock", "budget", "polled_seconds", "until")
+    __slots__ = ("budget", "clock", "polled_seconds", "until")
 
     def __init__(self, budget: float = BUSY_POLL_SECONDS, clock: Callable[[], float] = time.monotonic) -> None:
         self.budget = budget
-        self._clock = clock
-        self.until = 0.0  # the loop polls until this moment (its clock); 0: it sleeps as usual
+        self.clock = clock  # `until` is a reading of it; the selector reads it too
+        self.until = 0.0  # the loop polls until this moment; 0: it sleeps as usual
         self.polled_seconds = 0.0  # time spent polling so far (deviceplane_agent_busy_poll_seconds_total)
 
     def arm(self) -> None:
         """Poll through the next `budget` seconds (a wait starts)."""
         if self.budget > 0:
-            self.until = self._clock() + self.budget
+            self.until = self.clock() + self.budget
 
     def disarm(self) -> None:
         """The wait is over: sleep as usual again."""
@@ -50,16 +50,16 @@ class BusyPoll:
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
         """A loop factory (asyncio.Runner): a selector event loop whose selector honours this window."""
-        return asyncio.SelectorEventLoop(BusyPollSelector(self, self._clock))
+        return asyncio.SelectorEventLoop(BusyPollSelector(self))
 
 
 class BusyPollSelector(selectors.DefaultSelector):
     """The platform's default selector (epoll on Linux), polling without a timeout while the window is open."""
 
-    def __init__(self, window: BusyPoll, clock: Callable[[], float]) -> None:
+    def __init__(self, window: BusyPoll) -> None:
         super().__init__()
         self._window = window
-        self._clock = clock
+        self._clock = window.clock  # the one `until` was read from
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         until = self._window.until
