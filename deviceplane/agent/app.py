@@ -61,7 +61,7 @@ from deviceplane.agent.serving.state_metrics import busy_poll_seconds, journal_c
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent, journal_checksums
-from deviceplane.agent.state.journal import INLINE_SYNC_LIMIT_SECONDS, Journal
+from deviceplane.agent.state.journal import INLINE_SYNC_LIMIT_SECONDS, JOURNAL_DIRNAME, Journal, adopt_segments
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.agent.tasks import TaskFactory
 from deviceplane.aio import cancel_and_wait
@@ -164,7 +164,8 @@ class Agent:
 
         # -- durable state: the kubelet checkpoint and the allocation journal ---------------------------------------
         content = CheckpointContent(self.registry, self.pod_devices)
-        journal = Journal(config.plugin_dir, inline_sync_limit=config.journal_inline_sync_limit)
+        self._journal_dir = config.plugin_dir / JOURNAL_DIRNAME
+        journal = Journal(self._journal_dir, inline_sync_limit=config.journal_inline_sync_limit)
         checkpoint = CheckpointWriter(
             self._checkpoint_file.write_encoded,
             content.snapshot,
@@ -357,6 +358,7 @@ class Agent:
             # Re-dial the plugins that were connected instead of removing their sockets (proxy/recovery.py).
             removed = await self.proxy.recover(self.manager.register)
         else:
+            adopt_segments(plugin_dir, self._journal_dir)  # an earlier version journaled in the plugin directory
             self.admission.restore(restored)
             self._restored = True  # the journal is open: stop closes it, even if start is cut short after this
             removed = cleanup_plugin_dir(plugin_dir)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from deviceplane.agent.state.journal import JOURNAL_DIRNAME
 from tests.integration.test_agent_cluster_mode import unreachable_kubeconfig
 from tests.support.procs import ROOT, AgentProcess, child_env, free_port, wait_for
 
@@ -70,7 +71,8 @@ def test_a_stop_signal_while_start_waits_for_the_plugin_watcher(short_tmp: Path,
         assert_left_clean(agent.plugin_dir, agent.log())
         # Start had opened the journal (restore comes before the wait): it was closed, its unused spare segment
         # removed, as at any clean stop (the journal of a start cut short was left open, a spare beside it).
-        segments = sorted(p.name for p in agent.plugin_dir.glob("deviceplane_allocations.*.journal"))
+        journal_dir = agent.plugin_dir / JOURNAL_DIRNAME
+        segments = sorted(p.name for p in journal_dir.glob("deviceplane_allocations.*.journal"))
         assert len(segments) == 1, segments
     finally:
         agent.kill()

@@ -2,7 +2,8 @@
 RWF_DSYNC where the kernel has it, which syncs the data as fdatasync does, in the same call).
 
 The kubelet rewrites its whole checkpoint after every allocation, O(pods) per admission. Here every change of
-`PodDevices` is also appended, in the order it was applied, to a journal segment next to the checkpoint:
+`PodDevices` is also appended, in the order it was applied, to a journal segment in a directory of its own beside
+the checkpoint (`JOURNAL_DIRNAME`):
 
     <dir>/deviceplane_allocations.<seq>.journal     one record per line: "<crc32 hex> <json>\\n"
 
@@ -48,6 +49,10 @@ from deviceplane.core.pod_devices import Allocation, PodDevices, allocation_from
 
 log = logging.getLogger("deviceplane.journal")
 
+# The journal's directory inside the device-plugin directory. Not the device-plugin directory itself: device plugins
+# watch that one (inotify, non-recursive) for kubelet.sock, and a segment there woke every plugin on the node at each
+# admission's write, on the CPU the write was waiting for the disk beside (benchmarks/README.md, "Journal directory").
+JOURNAL_DIRNAME = "deviceplane-journal"
 SEGMENT_PREFIX = "deviceplane_allocations."
 SEGMENT_SUFFIX = ".journal"
 SEGMENT_BYTES = 1 << 20
@@ -68,6 +73,44 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
             if match:
                 found.append((int(match.group(1)), directory / entry))
     return sorted(found)
+
+
+def adopt_segments(source: Path, directory: Path) -> int:
+    """Move the segments an earlier version journaled into `source` (the device-plugin directory) into `directory`,
+    after any already there and in their own order, so the next replay applies them in the order they were written
+    (an agent downgraded and upgraded again wrote those in `directory` first). Returns how many moved. Blocking.
+
+    Each segment is renamed (same file system, atomic), and both directories are fsynced before the next start could
+    need it: a crash midway leaves every segment in one of the two, and the next start moves the rest."""
+    legacy = list_segments(source)
+    if not legacy:
+        return 0
+    _make_directory(directory)
+    present = list_segments(directory)
+    after = present[-1][0] if present else 0
+    for offset, (_seq, path) in enumerate(legacy, start=1):
+        os.rename(path, segment_path(directory, after + offset))
+    _fsync_directory(directory)
+    _fsync_directory(source)
+    log.info("journal segments moved into the journal directory", extra={"segments": len(legacy), "to": str(directory)})
+    return len(legacy)
+
+
+def _make_directory(directory: Path) -> None:
+    """Create `directory` (and its parents) durably: the new entry in the parent is fsynced, so a segment made durable
+    inside it cannot vanish with its directory at a crash."""
+    if directory.is_dir():
+        return
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _fsync_directory(directory.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def alloc_record(allocation: Allocation) -> dict[str, Any]:
@@ -303,7 +346,7 @@ class Journal:
         self._prepare_spare(self._seq + 1)
 
     def _create_segment(self, seq: int) -> int:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        _make_directory(self.directory)
         path = segment_path(self.directory, seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -324,11 +367,7 @@ class Journal:
             while view:  # a nearly full disk writes short before it fails: the segment must be whole
                 view = view[os.write(fd, view) :]
         os.fsync(fd)
-        dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_directory(self.directory)
 
     # -- appends -------------------------------------------------------------------------------------------------------
 
