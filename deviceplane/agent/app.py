@@ -150,7 +150,7 @@ class Agent:
             self.pods,
             self.pod_devices,
             config.node_name,
-            owners=self.ownership.holders if self.ownership else None,
+            owners=self.ownership,
             pod_list=self.ownership.pods_json if self.ownership else None,
         )
 

@@ -9,20 +9,31 @@ from deviceplane.api.models import AllocatedTo
 from deviceplane.core.pod_devices import Allocation, PodDevices
 from deviceplane.core.pod_table import PodRecord, PodState, PodTable, SourceError
 from deviceplane.core.registry import DeviceRegistry
-from deviceplane.core.view import Holders
 
 
-def holders(pod_devices: PodDevices, table: PodTable) -> Holders:
-    """(resource, device) -> who holds it. A pod restored from the checkpoint that no source knows (yet) is shown
-    by its UID alone."""
-    out: dict[tuple[str, str], AllocatedTo] = {}
-    for key, (uid, container) in pod_devices.holder_map().items():
-        record = table.get(uid)
-        if record is not None:
-            out[key] = AllocatedTo(namespace=record.pod.namespace, pod=record.pod.name, container=container)
-        else:
-            out[key] = AllocatedTo(namespace="", pod=uid, container=container)
-    return out
+class AllocationHolders:
+    """Who holds each device, from the agent's own allocations, for one view (core.view.Holders): counts from the
+    allocations' index; the holders walked once, on the first allocated device the view lists. A pod restored from
+    the checkpoint that no source knows (yet) is shown by its UID alone."""
+
+    def __init__(self, pod_devices: PodDevices, table: PodTable) -> None:
+        self._pod_devices = pod_devices
+        self._table = table
+        self._holder_map: dict[tuple[str, str], tuple[str, str]] | None = None
+
+    def allocated_count(self, resource: str) -> int:
+        return self._pod_devices.allocated_count(resource)
+
+    def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
+        if not self._pod_devices.holds(resource, device_id):
+            return None
+        if self._holder_map is None:
+            self._holder_map = self._pod_devices.holder_map()
+        uid, container = self._holder_map[(resource, device_id)]
+        record = self._table.get(uid)
+        if record is None:
+            return AllocatedTo(namespace="", pod=uid, container=container)
+        return AllocatedTo(namespace=record.pod.namespace, pod=record.pod.name, container=container)
 
 
 def _resource_status(registry: DeviceRegistry, held: dict[str, Allocation]) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +53,7 @@ def pod_resources_stub(channel: grpc.aio.Channel) -> PodResourcesClient:
 @dataclass
 class KubeletView:
     holders: dict[DeviceKey, AllocatedTo] = field(default_factory=dict)
+    allocated_counts: dict[str, int] = field(default_factory=dict)  # held devices per resource (from `holders`)
     pods: list[dict[str, Any]] = field(default_factory=list)
     allocatable: dict[str, set[str]] = field(default_factory=dict)  # healthy devices per resource, per the kubelet
 
@@ -83,6 +85,7 @@ def kubelet_view(listed: pr.ListPodResourcesResponse, allocatable: pr.Allocatabl
         )
     for entry in allocatable.devices:
         view.allocatable.setdefault(entry.resource_name, set()).update(entry.device_ids)
+    view.allocated_counts = dict(Counter(resource for resource, _device in view.holders))
     return view
 
 
@@ -122,11 +125,11 @@ class Ownership:
 
     # -- views --------------------------------------------------------------------------------------------------------
 
-    def holders(self) -> dict[DeviceKey, AllocatedTo]:
-        return dict(self._view.holders)
+    def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
+        return self._view.holders.get((resource, device_id))
 
     def allocated_count(self, resource: str) -> int:
-        return sum(1 for r, _ in self._view.holders if r == resource)
+        return self._view.allocated_counts.get(resource, 0)
 
     def ready(self) -> str | None:
         return None if self.listed.is_set() else "kubelet PodResources not listed yet"

@@ -14,7 +14,7 @@ from deviceplane.api.models import AgentView, DevicesStatus
 from deviceplane.core.conditions import ConditionTimes
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
-from deviceplane.core.pod_view import holders, pods_view
+from deviceplane.core.pod_view import AllocationHolders, pods_view
 from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.view import Holders, devices_status, rfc3339
 
@@ -30,7 +30,7 @@ class ApiViews:
         node_name: str,
         wall_clock: Callable[[], float] = time.time,
         *,
-        owners: Callable[[], Holders] | None = None,
+        owners: Holders | None = None,
         pod_list: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
         # owners / pod_list: where they come from when the agent does not allocate (proxy mode: the kubelet's
@@ -63,7 +63,7 @@ class ApiViews:
             self._registry,
             self._registry.capacity(),
             agent,
-            holders=self._owners() if self._owners else holders(self._pod_devices, self._table),
+            holders=self._owners or AllocationHolders(self._pod_devices, self._table),
             device_limit=device_limit,
             resource_filter=(lambda name: name == resource) if resource else None,
             conditions=self._conditions,
