@@ -72,7 +72,7 @@ class Channel:
             stream = connection.start(self._request_block(method, deadline, loop), request, future)
             timer = None
             if deadline is not None:
-                timer = loop.call_at(deadline, connection.cancel, stream, _deadline_error())
+                timer = loop.call_at(deadline, _expire, connection, stream)
             try:
                 return await future
             except RpcError as err:
@@ -258,6 +258,11 @@ async def _until(awaitable: Awaitable[T], deadline: float | None, loop: asyncio.
 
 def _deadline_error() -> RpcError:
     return RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+
+
+def _expire(connection: Connection, stream: Stream) -> None:
+    """A call's deadline timer: its error is made only when it fires (most calls end first)."""
+    connection.cancel(stream, _deadline_error())
 
 
 def _closed_error() -> RpcError:

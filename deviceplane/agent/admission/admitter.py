@@ -175,12 +175,14 @@ class Admitter:
         """Right after start, give plugins a moment to come back before deciding their resources are missing. A pod
         restored from the checkpoint needs no plugin (no RPC is made for it), so it does not wait; one that waits
         says so in its reason."""
+        startup_wait = self._settings.startup_wait
+        if self._clock() - self._started_at >= startup_wait:
+            return  # the startup wait is over: nothing to wait for
         pod = record.pod
         if check_restored(self._pod_devices, pod.uid, [(c.name, c.limits) for c in pod.all_containers]):
             return
         # Zero requests too: upstream still refuses them while a resource has no healthy device.
         wanted = sorted({r for c in pod.all_containers for r, _ in c.limits})
-        startup_wait = self._settings.startup_wait
         try:
             while self._clock() - self._started_at < startup_wait:
                 missing = [r for r in wanted if not self._registry.plugin_ready(r)]
