@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deviceplane.agent.state.journal import Journal, alloc_record, list_segments
+from deviceplane.agent.state.journal import JOURNAL_DIRNAME, Journal, alloc_record, list_segments
 from deviceplane.core.pod_devices import PodDevices
 from tests.integration.test_allocation_journal import alloc, state
 from tests.support.procs import AgentProcess
@@ -77,7 +77,7 @@ async def test_corrupt_last_record_before_zeros_is_a_torn_tail(tmp_path: Path) -
 
 async def test_agent_counts_and_logs_mid_segment_corruption(short_tmp: Path) -> None:
     plugin_dir = short_tmp / "dp"
-    path = await written(plugin_dir, 3)
+    path = await written(plugin_dir / JOURNAL_DIRNAME, 3)
     flip(path, 0)
     agent = AgentProcess(short_tmp, plugin_dir=plugin_dir).start()
     try:

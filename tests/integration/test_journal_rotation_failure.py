@@ -30,7 +30,7 @@ import pytest
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
-from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, segment_path
+from deviceplane.agent.state.journal import JOURNAL_DIRNAME, Journal, alloc_record, list_segments, segment_path
 from deviceplane.core.checkpoint import CheckpointEncoder, PodDevicesEntry
 from deviceplane.core.pod_devices import Allocation, PodDevices, allocation_from_entry
 from deviceplane.core.registry import DeviceRegistry
@@ -198,9 +198,10 @@ def test_agent_reports_a_failing_checkpoint_and_loses_nothing_at_sigkill(short_t
         env.sim(RES, 8)
         agent = env.agent
         assert agent is not None
-        highest = max(seq for seq, _ in list_segments(env.plugin_dir))  # the spare, made at start
+        journal_dir = env.plugin_dir / JOURNAL_DIRNAME
+        highest = max(seq for seq, _ in list_segments(journal_dir))  # the spare, made at start
         for seq in range(highest + 1, highest + 4):  # the segments any rotation from now on would need
-            segment_path(env.plugin_dir, seq).mkdir()
+            segment_path(journal_dir, seq).mkdir()
         admitted: dict[str, set[str]] = {}
         for i in range(4):  # each makes the state dirty, so the pacer rotates (at most once a second)
             simple_pod(env.pod_dir, f"p{i}", RES)
@@ -215,7 +216,7 @@ def test_agent_reports_a_failing_checkpoint_and_loses_nothing_at_sigkill(short_t
         assert "background checkpoint failed" in agent.log()
         agent.kill()
         for seq in range(highest + 1, highest + 4):  # the disk has room again (a directory would fail the replay)
-            segment_path(env.plugin_dir, seq).rmdir()
+            segment_path(journal_dir, seq).rmdir()
         env.start_agent()
         restarted: AgentProcess | None = env.agent
         assert restarted is not None
