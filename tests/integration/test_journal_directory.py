@@ -22,7 +22,7 @@ from deviceplane.agent.state.journal import (
 from deviceplane.core.pod_devices import PodDevices
 from tests.integration.test_allocation_journal import alloc
 from tests.support.alloc_env import alloc_env
-from tests.support.pods import container, devices_of, pod_manifest, wait_settled, write_pod
+from tests.support.pods import devices_of, simple_pod, wait_settled
 
 RES = "example.com/sim"
 IN_MODIFY, IN_CLOSE_WRITE, IN_MOVED_TO, IN_CREATE, IN_DELETE = 0x2, 0x8, 0x80, 0x100, 0x200
@@ -60,10 +60,6 @@ def drain(fd: int) -> list[tuple[int, str]]:
             offset += size
 
 
-def _pod(pod_dir: Path, name: str) -> None:
-    write_pod(pod_dir, f"{name}.json", pod_manifest(name, [container("main", {RES: 1})], uid=f"uid-{name}"))
-
-
 def test_admissions_do_not_wake_a_plugin_watching_the_plugin_directory(short_tmp: Path) -> None:
     """Before the journal had its own directory, each admission's journal write was an IN_MODIFY event in the
     device-plugin directory, read by every plugin watching it for kubelet.sock."""
@@ -74,7 +70,7 @@ def test_admissions_do_not_wake_a_plugin_watching_the_plugin_directory(short_tmp
             drain(fd)
             syncs_before = agent.metric("deviceplane_journal_sync_duration_seconds_count") or 0.0
             for i in range(12):
-                _pod(env.pod_dir, f"p{i}")
+                simple_pod(env.pod_dir, f"p{i}", RES)
                 assert wait_settled(agent, f"p{i}")["admitted"]
             synced = (agent.metric("deviceplane_journal_sync_duration_seconds_count") or 0.0) - syncs_before
             events = drain(fd)
@@ -91,10 +87,11 @@ def test_segments_an_earlier_version_left_in_the_plugin_directory_are_replayed(s
     with alloc_env(short_tmp) as env:
         env.start_agent()
         env.sim(RES, 2, 0, "--no-pre-start")
-        _pod(env.pod_dir, "a")
-        assert env.agent is not None
-        held = devices_of(wait_settled(env.agent, "a"), RES)
-        env.agent.kill()  # within the checkpoint's pacing interval: the pod is in the journal only
+        simple_pod(env.pod_dir, "a", RES)
+        agent = env.agent
+        assert agent is not None
+        held = devices_of(wait_settled(agent, "a"), RES)
+        agent.kill()  # within the checkpoint's pacing interval: the pod is in the journal only
         journal_dir = env.plugin_dir / JOURNAL_DIRNAME
         segments = list_segments(journal_dir)
         assert segments

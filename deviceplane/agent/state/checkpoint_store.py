@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from deviceplane.agent.state.directories import fsync_directory
 from deviceplane.core.checkpoint import (
     CheckpointData,
     CheckpointError,
@@ -63,7 +64,7 @@ class CheckpointStore:
                 with contextlib.suppress(OSError):
                     os.unlink(temp_name)
                 raise
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
 
     def read(self) -> CheckpointData | None:
         """The checkpoint's data, or None when there is none to use.
@@ -95,7 +96,7 @@ class CheckpointStore:
         try:
             moved_to = self._aside_path()
             os.rename(self.path, moved_to)
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
             details["moved_to"] = str(moved_to)
         except OSError as move_err:
             details["move_error"] = str(move_err)  # the next write replaces the file anyway
@@ -130,12 +131,3 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from deviceplane.agent.state.directories import fsync_directory, make_directory
 from deviceplane.core.checkpoint import PodDevicesEntry
 from deviceplane.core.durations import BucketedDurations
 from deviceplane.core.pod_devices import Allocation, PodDevices, allocation_from_entry
@@ -53,6 +54,7 @@ log = logging.getLogger("deviceplane.journal")
 # watch that one (inotify, non-recursive) for kubelet.sock, and a segment there woke every plugin on the node at each
 # admission's write, on the CPU the write was waiting for the disk beside (benchmarks/README.md, "Journal directory").
 JOURNAL_DIRNAME = "deviceplane-journal"
+JOURNAL_DIR_MODE = 0o700
 SEGMENT_PREFIX = "deviceplane_allocations."
 SEGMENT_SUFFIX = ".journal"
 SEGMENT_BYTES = 1 << 20
@@ -85,32 +87,15 @@ def adopt_segments(source: Path, directory: Path) -> int:
     legacy = list_segments(source)
     if not legacy:
         return 0
-    _make_directory(directory)
+    make_directory(directory, JOURNAL_DIR_MODE)
     present = list_segments(directory)
     after = present[-1][0] if present else 0
     for offset, (_seq, path) in enumerate(legacy, start=1):
         os.rename(path, segment_path(directory, after + offset))
-    _fsync_directory(directory)
-    _fsync_directory(source)
+    fsync_directory(directory)
+    fsync_directory(source)
     log.info("journal segments moved into the journal directory", extra={"segments": len(legacy), "to": str(directory)})
     return len(legacy)
-
-
-def _make_directory(directory: Path) -> None:
-    """Create `directory` (and its parents) durably: the new entry in the parent is fsynced, so a segment made durable
-    inside it cannot vanish with its directory at a crash."""
-    if directory.is_dir():
-        return
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _fsync_directory(directory.parent)
-
-
-def _fsync_directory(directory: Path) -> None:
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def alloc_record(allocation: Allocation) -> dict[str, Any]:
@@ -351,7 +336,7 @@ class Journal:
         self._prepare_spare(self._seq + 1)
 
     def _create_segment(self, seq: int) -> int:
-        _make_directory(self.directory)
+        make_directory(self.directory, JOURNAL_DIR_MODE)
         path = segment_path(self.directory, seq)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -372,7 +357,7 @@ class Journal:
             while view:  # a nearly full disk writes short before it fails: the segment must be whole
                 view = view[os.write(fd, view) :]
         os.fsync(fd)
-        _fsync_directory(self.directory)
+        fsync_directory(self.directory)
 
     # -- appends -------------------------------------------------------------------------------------------------------
 
