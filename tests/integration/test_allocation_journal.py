@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from deviceplane.agent.state.journal import Journal, alloc_record, list_segments, read_segment, release_record
+from deviceplane.agent.state.journal import (
+    Journal,
+    alloc_record,
+    checkpoint_record,
+    list_segments,
+    read_segment,
+    release_record,
+)
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.pod_devices import Allocation, PodDevices, make_allocation
 
@@ -283,6 +290,24 @@ async def test_after_a_slow_write_appends_go_to_the_writer_thread_and_keep_their
     assert journal.writes_on[-1] == "MainThread"
     await journal.close()
     assert state(replayed(tmp_path)) == {"p1": {"d9"}}
+
+
+async def test_an_off_loop_append_is_written_by_the_writer_thread_after_the_steps_appends(tmp_path: Path) -> None:
+    """A checkpoint's mark: never written on the loop, even with the writer idle and the disk fast; the records this
+    step appended before it come first, and records appended after it wait for it."""
+    journal = open_journal(HeldJournal(tmp_path, inline_sync_limit=ON_THE_LOOP))
+    before = journal.append(alloc_record(alloc("p1", "d1")))
+    mark = journal.append_off_loop(checkpoint_record(7))
+    await asyncio.to_thread(journal.entered.wait, 10)  # the writer holds both, in one group
+    after = journal.append_all([release_record("p1")], inline=True)
+    await asyncio.sleep(0.05)
+    assert not (before.done() or mark.done() or after.done())  # `after` waits its turn behind the writer
+    journal.go_on.set()
+    await asyncio.wait_for(asyncio.gather(before, mark, after), 10)
+    assert journal.writes_on[:2] == ["journal-writer", "journal-writer"] and journal.inline_syncs == 0
+    await journal.close()
+    records = [record for _seq, path in list_segments(tmp_path) for record in read_segment(path).records]
+    assert [record["op"] for record in records] == ["alloc", "checkpoint", "release"]
 
 
 async def test_rotation_and_close_come_after_the_appends_of_their_step(tmp_path: Path) -> None:

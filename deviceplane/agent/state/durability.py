@@ -174,12 +174,13 @@ class AllocationStore:
 def journal_checksums(journal: Journal) -> Callable[[bytes], Awaitable[None]]:
     """The CheckpointWriter's `before_write`: before a checkpoint is renamed into place, its checksum goes durably
     into the journal (`checkpoint_record`), so a start can tell our checkpoint from one another process wrote after
-    the journal. A closed journal (the agent stopping: every change is in this checkpoint already) or one never
-    opened records nothing."""
+    the journal. The journal's writer thread writes it: no admission waits for it, so the loop does not either. A
+    closed journal (the agent stopping: every change is in this checkpoint already) or one never opened records
+    nothing."""
 
     async def record(blob: bytes) -> None:
         if journal.is_open:
-            await journal.append(checkpoint_record(_blob_checksum(blob)))
+            await journal.append_off_loop(checkpoint_record(_blob_checksum(blob)))
 
     return record
 
