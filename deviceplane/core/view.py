@@ -92,7 +92,8 @@ def devices_status(
 ) -> DevicesStatus:
     """The view; with `conditions`, the node's conditions too (judged over every resource, those `resource_filter`
     leaves out included, at `agent.lastHeartbeatTime`; their transition times kept in `conditions`)."""
-    holders = holders or NoHolders()
+    if holders is None:
+        holders = NoHolders()
     resources = []
     judged = []  # every resource, the ones left out as counts only (no device listed: nothing per device)
     for state in registry.statuses():
