@@ -532,6 +532,7 @@ class StampedPlugin(BenchPlugin):
 
 async def device_phase_async(side: Side, registrations: int, only_registration: bool = False) -> dict[str, Any]:
     servers: list[grpc.aio.Server] = []
+    plugins: list[BenchPlugin] = []
     results: dict[str, Any] = {}
     try:
         async with grpc.aio.insecure_channel(f"unix://{side.plugin_dir / 'kubelet.sock'}") as channel:
@@ -540,6 +541,7 @@ async def device_phase_async(side: Side, registrations: int, only_registration: 
             for i in range(registrations):
                 name = f"reg{i}.sock"
                 plugin = StampedPlugin(make_devices(4, prefix=f"r{i}"))
+                plugins.append(plugin)
                 servers.append(await serve_plugin(side.plugin_dir, name, plugin))
                 resource = f"bench.example.com/r{i}"
                 await register(stub, resource, name)
@@ -555,6 +557,7 @@ async def device_phase_async(side: Side, registrations: int, only_registration: 
 
             for i in range(10):
                 plugin = await register_big(side.plugin_dir, stub, i, servers)
+                plugins.append(plugin)
                 await poll(side, f"bench.example.com/big{i}", lambda c: c == (10_000, 10_000))
                 if i == 0:  # one big resource: the snapshot is timed before the other nine add polling cost
                     timings = []
@@ -567,6 +570,9 @@ async def device_phase_async(side: Side, registrations: int, only_registration: 
             await asyncio.sleep(2)  # let checkpoint writes settle before reading RSS
             results["rss"] = side.rss_mib()
     finally:
+        for bench_plugin in plugins:
+            bench_plugin.push(None)  # the side's streams end here: stopping a server mid-stream prints a traceback
+        await asyncio.sleep(0.2)
         for server in servers:
             await server.stop(None)
     return results
