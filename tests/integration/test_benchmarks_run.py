@@ -36,6 +36,7 @@ from tests.support.procs import ROOT, child_env
             "gpu responses of 426 bytes",
         ),
         ("snapshot_churn.py", ["--rounds", "2"], "10,000  5,000  one flips"),
+        ("journal_directory.py", ["--rounds", "1", "--pods", "20"], "the watcher woken per admission"),
         (
             "loop_stalls.py",
             ["--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40", "--threshold", "0"],
