@@ -405,14 +405,7 @@ class Journal:
         for a record no admission waits for (a checkpoint's mark), whose fdatasync would otherwise hold the loop while
         the checkpoint's own write keeps the disk busy (0.3-0.5 ms measured, right when a plugin's first devices
         arrive). Resolved once it is durable."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        with self._lock:
-            self._move_batch()  # this step's records go first
-            tail = self._tail()
-            tail.data += encode_record(record)
-            tail.waiters.append(future)
-            self._kick()
-        return future
+        return self._to_writer(encode_record(record))
 
     def _commit_batch(self) -> None:
         """The loop step that appended the batch has ended: write it here and now if the writer is idle and the
@@ -458,10 +451,17 @@ class Journal:
 
     def barrier(self) -> asyncio.Future[None]:
         """A future resolved once every record appended before this call is durable (appends nothing)."""
+        return self._to_writer(b"")
+
+    def _to_writer(self, data: bytes) -> asyncio.Future[None]:
+        """`data` queued for the writer thread after every record appended so far (this step's batch included); the
+        future resolves once all of them are durable."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
             self._move_batch()
-            self._tail().waiters.append(future)
+            tail = self._tail()
+            tail.data += data
+            tail.waiters.append(future)
             self._kick()
         return future
 
