@@ -21,8 +21,6 @@ journal's directory name to "" (the device-plugin directory itself) before calli
 from __future__ import annotations
 
 import argparse
-import ctypes
-import os
 import select
 import statistics
 import sys
@@ -43,8 +41,7 @@ from benchmarks.compare import (  # noqa: E402
     stop_procs,
     wait,
 )
-
-IN_ALL_EVENTS = 0xFFF
+from tests.support.inotify import read_events, watch  # noqa: E402
 
 
 class PluginDirLayout(AgentSide):
@@ -66,15 +63,12 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-class Watch:
-    """A real inotify watch on a directory, read as events come by a thread (as a plugin's watcher reads them: the
-    kernel merges an event into an identical one still unread, so a reader that waited would count fewer)."""
+class EventCounter:
+    """Reads an inotify fd as events come, in a thread (as a plugin's watcher reads them: the kernel merges an event
+    into an identical one still unread, so a reader that waited would count fewer)."""
 
-    def __init__(self, directory: Path) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = libc.inotify_init1(os.O_NONBLOCK)
-        if self.fd < 0 or libc.inotify_add_watch(self.fd, os.fsencode(directory), IN_ALL_EVENTS) < 0:
-            raise OSError(ctypes.get_errno(), "inotify")
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
         self.count = 0
         self.wakeups = 0
         self._stop = threading.Event()
@@ -83,23 +77,13 @@ class Watch:
 
     def _read(self) -> None:
         while not self._stop.is_set():
-            if not select.select([self.fd], [], [], 0.05)[0]:
-                continue
-            self.wakeups += 1
-            while True:
-                try:
-                    data = os.read(self.fd, 1 << 16)
-                except BlockingIOError:
-                    break
-                offset = 0
-                while offset < len(data):  # struct inotify_event: wd, mask, cookie, len, then the name
-                    offset += 16 + int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
-                    self.count += 1
+            if select.select([self.fd], [], [], 0.05)[0]:
+                self.wakeups += 1
+                self.count += len(read_events(self.fd))
 
     def close(self) -> None:
         self._stop.set()
         self._reader.join()
-        os.close(self.fd)
 
 
 def one_round(side_class: type[AgentSide], pods: int) -> dict[str, float]:
@@ -113,13 +97,14 @@ def one_round(side_class: type[AgentSide], pods: int) -> dict[str, float]:
             wait(lambda: side.counts(PLAIN) == (MEASURED_DEVICES, MEASURED_DEVICES), 60, "the sim registered")
             admit_many(side, "warm", PLAIN, 100, 1)
             remove_many(side, "warm", 100)
-            watch = Watch(side.plugin_dir)
-            try:
-                plugin, agent = cpu_seconds(sims[0].pid), cpu_seconds(side.proc.pid)
-                cell = admit_many(side, "r", PLAIN, pods, 1)
-                plugin, agent = cpu_seconds(sims[0].pid) - plugin, cpu_seconds(side.proc.pid) - agent
-            finally:
-                watch.close()
+            with watch(side.plugin_dir) as fd:
+                events = EventCounter(fd)
+                try:
+                    plugin, agent = cpu_seconds(sims[0].pid), cpu_seconds(side.proc.pid)
+                    cell = admit_many(side, "r", PLAIN, pods, 1)
+                    plugin, agent = cpu_seconds(sims[0].pid) - plugin, cpu_seconds(side.proc.pid) - agent
+                finally:
+                    events.close()
             remove_many(side, "r", pods)
         finally:
             stop_procs(sims)
@@ -127,8 +112,8 @@ def one_round(side_class: type[AgentSide], pods: int) -> dict[str, float]:
     return {
         "plugin CPU per admission (us)": plugin / pods * 1e6,
         "agent CPU per admission (us)": agent / pods * 1e6,
-        "events in the plugin directory per admission": watch.count / pods,
-        "the watcher woken per admission": watch.wakeups / pods,
+        "events in the plugin directory per admission": events.count / pods,
+        "the watcher woken per admission": events.wakeups / pods,
         "p50 inside the agent (us)": statistics.median(cell.inside) * 1e6,
         "p50 through the HTTP entry (us)": statistics.median(cell.latencies) * 1e6,
     }
