@@ -2,8 +2,9 @@
 machine, where compare.py's wall-clock latencies swing by 30% or more.
 
 1. The HTTP entry alone: a server process with one POST route that answers on the next loop step (as the debug
-   admit route answers from the admission's done callback), served by aiohttp and by serving/lean_http.py; CPU of
-   the server process per request, sequential and 8 concurrent keep-alive clients.
+   admit route answers from the admission's done callback) and one GET route that answers at once (as the API's
+   count poll does), served by aiohttp and by serving/lean_http.py; CPU of the server process per request, POSTs
+   sequential and from 8 concurrent keep-alive clients, GETs sequential.
 2. The agent: `deviceplane agent --debug-admit-api` with a 1,024-device sim plugin (Allocate only, or with
    --all-rpcs GetPreferredAllocation and PreStartContainer too), 1-device pods admitted through compare.py's load
    generator (admit-load), sequential and 8 concurrent: admissions/s, CPU per admission of the agent (all its
@@ -68,7 +69,7 @@ def serve(kind: str, port: int) -> None:
     """The server process of part 1."""
     from aiohttp import web
 
-    from deviceplane.agent.serving.lean_http import LeanHttpServer, Respond
+    from deviceplane.agent.serving.lean_http import LeanHttpServer, Request, Respond
 
     async def run() -> None:
         if kind == "aiohttp":
@@ -77,18 +78,25 @@ def serve(kind: str, port: int) -> None:
                 body = await request.read()
                 return web.json_response({"length": len(body)})
 
+            async def get(request: web.Request) -> web.Response:
+                return web.json_response({"query": request.query.get("q")})
+
             app = web.Application()
             app.router.add_post("/x", handler)
+            app.router.add_get("/y", get)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", port).start()
         else:
             loop = asyncio.get_running_loop()
 
-            def route(body: bytes, respond: Respond) -> None:
-                loop.call_soon(respond, 200, json.dumps({"length": len(body)}).encode())
+            def route(request: Request, respond: Respond) -> None:
+                loop.call_soon(respond, 200, json.dumps({"length": len(request.body)}).encode())
 
-            await LeanHttpServer({"/x": route}).start("127.0.0.1", port)
+            def lean_get(request: Request, respond: Respond) -> None:
+                respond(200, json.dumps({"query": request.params().get("q")}).encode())
+
+            await LeanHttpServer({("POST", "/x"): route, ("GET", "/y"): lean_get}).start("127.0.0.1", port)
         await asyncio.Event().wait()
 
     asyncio.run(run())
@@ -122,7 +130,10 @@ def entry_alone(kind: str, requests: int) -> str:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
         def post(body: bytes) -> None:
-            conn.request("POST", "/x", body, {"Content-Type": "application/json"})
+            if body:
+                conn.request("POST", "/x", body, {"Content-Type": "application/json"})
+            else:
+                conn.request("GET", "/y?q=example.com%2Fr&limit=0")
             conn.getresponse().read()
 
         return post
@@ -131,11 +142,14 @@ def entry_alone(kind: str, requests: int) -> str:
         wait(lambda: socket.create_connection(("127.0.0.1", port), 1).close() is None, 30, f"{kind} server")
         in_threads([BODY] * 200, 1, connection)  # warm-up
         figures = []
-        for workers in (1, 8):
+        for body, workers in ((BODY, 1), (BODY, 8), (b"", 1)):  # b"": a GET
             before = cpu_seconds(proc.pid)
-            in_threads([BODY] * requests, workers, connection)
+            in_threads([body] * requests, workers, connection)
             figures.append((cpu_seconds(proc.pid) - before) / requests * 1e6)
-        return f"{kind:<8} server CPU per request: sequential {figures[0]:5.0f} us, 8 concurrent {figures[1]:5.0f} us"
+        return (
+            f"{kind:<8} server CPU per request: POST sequential {figures[0]:5.0f} us, 8 concurrent {figures[1]:5.0f} us"
+            f"; GET sequential {figures[2]:5.0f} us"
+        )
     finally:
         stop_procs([proc])
 

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiohttp import web
-
 from deviceplane.agent.admission.admitter import (
     STARTUP_PLUGIN_WAIT_SECONDS,
     AdmissionParts,
@@ -52,9 +50,9 @@ from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.serving.api_views import ApiViews
 from deviceplane.agent.serving.debug_admit import SOURCE as DEBUG_SOURCE
 from deviceplane.agent.serving.debug_admit import DebugAdmitApi
-from deviceplane.agent.serving.debug_faults import add_fault_route
+from deviceplane.agent.serving.debug_faults import fault_routes
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
-from deviceplane.agent.serving.http_api import build_app, serve
+from deviceplane.agent.serving.http_api import HttpApi
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.serving.podresources import PodResourcesServer, PodResourcesServicer
 from deviceplane.agent.serving.state_metrics import busy_poll_seconds, journal_corrupt_records
@@ -249,7 +247,7 @@ class Agent:
         self._pod_resources = PodResourcesServer(
             PodResourcesServicer(self.pods, self.pod_devices, self.registry), config.pod_resources_socket
         )
-        self._http: web.AppRunner | None = None
+        self._http: HttpApi | None = None
 
         # -- the heap: full collections when nothing is in flight ---------------------------------------------------
         self.heap = HeapKeeper(
@@ -366,10 +364,15 @@ class Agent:
             log.info("removed stale sockets", extra={"sockets": removed})
 
         await self.registration.start()
-        app = build_app(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
-        if debug_faults_enabled():
-            add_fault_route(app, self.supervisor)
-        self._http = await serve(app, self.config.http_addr)
+        self._http = HttpApi(
+            self.views.devices,
+            self.views.pods,
+            self.metrics.prometheus,
+            self._health,
+            self._readiness,
+            fault_routes(self.supervisor) if debug_faults_enabled() else None,
+        )
+        await self._http.start(self.config.http_addr)
         self.supervisor.start()
         if self._watcher is not None:
             # Plugins already in the registry dir are found before admission starts.
@@ -425,7 +428,7 @@ class Agent:
         if self._restored:
             await self.admission.close()
         if self._http is not None:
-            await self._http.cleanup()
+            await self._http.close()
             self._http = None
         self.heap.stop()
         self._dir_lock.release()

@@ -11,8 +11,9 @@ A condition's `lastTransitionTime` moves only when its status does (`ConditionTi
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
-from deviceplane.api.models import Condition, ResourceView
+from deviceplane.api.models import Condition
 
 PLUGINS_CONNECTED = "PluginsConnected"
 DEVICES_HEALTHY = "DevicesHealthy"
@@ -20,15 +21,27 @@ DEVICES_HEALTHY = "DevicesHealthy"
 Judgement = tuple[str, str, str]  # status ("True" / "False"), reason, message
 
 
-def plugins_connected(resources: Sequence[ResourceView]) -> Judgement:
+@dataclass(frozen=True, slots=True)
+class ResourceCounts:
+    """What the conditions are judged from, per resource (core/view.py's `resource_counts`): a view of every
+    resource on each request would cost a model per resource, also for a count poll of one."""
+
+    name: str
+    connected: bool
+    capacity: int
+    healthy: int
+    unhealthy: int
+
+
+def plugins_connected(resources: Sequence[ResourceCounts]) -> Judgement:
     """`PluginsConnected`, naming the resources whose plugin's stream is down."""
-    down = [r.name for r in resources if not r.plugin.connected]
+    down = [r.name for r in resources if not r.connected]
     if down:
         return "False", "PluginDisconnected", f"not connected: {', '.join(down)}"
     return "True", "AllConnected", f"{len(resources)} of {len(resources)} plugins connected"
 
 
-def devices_healthy(resources: Sequence[ResourceView]) -> Judgement:
+def devices_healthy(resources: Sequence[ResourceCounts]) -> Judgement:
     """`DevicesHealthy`, naming each resource with unhealthy devices."""
     unhealthy = [f"{r.name}: {r.unhealthy} of {r.capacity} unhealthy" for r in resources if r.unhealthy]
     if unhealthy:
@@ -36,13 +49,13 @@ def devices_healthy(resources: Sequence[ResourceView]) -> Judgement:
     return "True", "AllHealthy", f"{sum(r.healthy for r in resources)} devices healthy"
 
 
-JUDGES: Mapping[str, Callable[[Sequence[ResourceView]], Judgement]] = {
+JUDGES: Mapping[str, Callable[[Sequence[ResourceCounts]], Judgement]] = {
     PLUGINS_CONNECTED: plugins_connected,
     DEVICES_HEALTHY: devices_healthy,
 }
 
 
-def conditions(resources: Sequence[ResourceView], now: str, previous: Mapping[str, Condition]) -> list[Condition]:
+def conditions(resources: Sequence[ResourceCounts], now: str, previous: Mapping[str, Condition]) -> list[Condition]:
     """The conditions of `resources` at `now` (RFC 3339), with the times of `previous` kept (`keep_times`)."""
     judged = []
     for kind, judge in JUDGES.items():
@@ -69,7 +82,7 @@ class ConditionTimes:
     def __init__(self) -> None:
         self._last: dict[str, Condition] = {}
 
-    def update(self, resources: Sequence[ResourceView], now: str) -> list[Condition]:
+    def update(self, resources: Sequence[ResourceCounts], now: str) -> list[Condition]:
         """The conditions of `resources`, judged at `now`."""
         return self._remember(conditions(resources, now, self._last))
 

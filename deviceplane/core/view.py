@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
-from deviceplane.core.conditions import ConditionTimes
+from deviceplane.core.conditions import ConditionTimes, ResourceCounts
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.core.registry import Capacity, DeviceRegistry, ResourceStatus
 
@@ -81,6 +81,11 @@ def resource_view(
     )
 
 
+def resource_counts(state: ResourceStatus) -> ResourceCounts:
+    healthy, unhealthy = len(state.healthy), len(state.unhealthy)
+    return ResourceCounts(state.name, state.connected, healthy + unhealthy, healthy, unhealthy)
+
+
 def devices_status(
     registry: DeviceRegistry,
     capacity: Capacity,
@@ -95,15 +100,12 @@ def devices_status(
     if holders is None:
         holders = NoHolders()
     resources = []
-    judged = []  # every resource, the ones left out as counts only (no device listed: nothing per device)
+    judged = []  # every resource's counts, the ones left out of the view included
     for state in registry.statuses():
-        shown = resource_filter is None or resource_filter(state.name)
-        if not shown and conditions is None:
-            continue
-        view = resource_view(state, capacity, holders, device_limit if shown else 0)
-        judged.append(view)
-        if shown:
-            resources.append(view)
+        if conditions is not None:
+            judged.append(resource_counts(state))
+        if resource_filter is None or resource_filter(state.name):
+            resources.append(resource_view(state, capacity, holders, device_limit))
     if conditions is None:
         return DevicesStatus(resources=resources, agent=agent)
     found = conditions.update(judged, agent.lastHeartbeatTime)

@@ -5,7 +5,6 @@ stays live and keeps admitting on a fresh connection."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import time
@@ -19,6 +18,7 @@ from hypothesis import strategies as st
 from tests.fuzz.conftest import assert_live
 from tests.support.fuzz import fuzz_settings
 from tests.support.procs import AgentProcess, free_port
+from tests.support.raw_http import exchange, responses
 
 MAX_BODY = 1 << 20
 
@@ -78,43 +78,19 @@ def requests(draw: st.DrawFn) -> bytes:
 STREAMS = st.lists(st.one_of(requests(), requests(), requests(), st.binary(max_size=200)), min_size=1, max_size=5)
 
 
-def exchange(port: int, data: bytes, pieces: list[int]) -> bytes:
-    """Send data in pieces, half-close, and read everything until the server closes. The server may close first
-    (after an answer that ends the connection): what it sent before is still read."""
-    with socket.create_connection(("127.0.0.1", port), timeout=15) as conn:
-        sent = 0
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            for size in [*pieces, len(data)]:
-                conn.sendall(data[sent : sent + size])
-                sent += size
-            conn.shutdown(socket.SHUT_WR)
-        received = bytearray()
-        while chunk := conn.recv(65536):
-            received += chunk
-        return bytes(received)
-
-
-def responses(data: bytes) -> list[tuple[int, bytes]]:
-    """Split a byte stream into HTTP responses; each must be complete and framed by Content-Length."""
+def json_responses(data: bytes) -> list[tuple[int, bytes]]:
+    """Every answer of the debug port is JSON."""
     found = []
-    while data:
-        head, sep, rest = data.partition(b"\r\n\r\n")
-        assert sep, data[:200]
-        lines = head.split(b"\r\n")
-        version, status, _reason = lines[0].split(b" ", 2)
-        assert version == b"HTTP/1.1"
-        fields = dict(line.split(b": ", 1) for line in lines[1:])
-        length = int(fields[b"Content-Length"])
-        assert fields[b"Content-Type"] == b"application/json" and len(rest) >= length
-        found.append((int(status), rest[:length]))
-        data = rest[length:]
+    for status, fields, body in responses(data):
+        assert fields[b"content-type"] == b"application/json"
+        found.append((status, body))
     return found
 
 
 def admit_ok(port: int) -> None:
     body = pod("alive", {})
     answer = exchange(port, b"POST /debug/v1/admit HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body), [])
-    [(status, payload)] = responses(answer)
+    [(status, payload)] = json_responses(answer)
     assert status == 200 and json.loads(payload)["admitted"] is True
 
 
@@ -124,7 +100,7 @@ def test_fuzz_debug_admit_raw_bytes(
     debug_agent: tuple[AgentProcess, int], stream: list[bytes], pieces: list[int]
 ) -> None:
     agent, port = debug_agent
-    answers = responses(exchange(port, b"".join(stream), pieces))
+    answers = json_responses(exchange(port, b"".join(stream), pieces))
     assert len(answers) <= len(stream) + 1
     for status, payload in answers:
         assert status in (200, 400, 404, 405, 413), (status, payload)
@@ -138,7 +114,7 @@ def test_fuzz_debug_admit_raw_bytes(
 def test_body_too_large_is_refused_and_answered(debug_agent: tuple[AgentProcess, int]) -> None:
     _agent, port = debug_agent
     data = b"POST /debug/v1/admit HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1) + b"x" * (MAX_BODY + 1)
-    [(status, payload)] = responses(exchange(port, data, []))
+    [(status, payload)] = json_responses(exchange(port, data, []))
     assert status == 413 and b"body larger than" in payload
 
 
@@ -147,7 +123,7 @@ def test_pipelined_requests_are_answered_in_order(debug_agent: tuple[AgentProces
     bodies = [pod(f"pipe{i}", {}) for i in range(5)]
     requests_ = [b"POST /debug/v1/admit HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(b), b) for b in bodies]
     requests_.insert(2, b"GET /debug/v1/admit HTTP/1.1\r\n\r\n")
-    answers = responses(exchange(port, b"".join(requests_), [7, 100]))
+    answers = json_responses(exchange(port, b"".join(requests_), [7, 100]))
     assert [s for s, _ in answers] == [200, 200, 405, 200, 200, 200]
     uids = [json.loads(p)["uid"] for s, p in answers if s == 200]
     assert uids == [f"uid-pipe{i}" for i in range(5)]
@@ -163,6 +139,6 @@ def test_idle_keep_alive_connection_survives(debug_agent: tuple[AgentProcess, in
             received = b""
             while not received.endswith(b"}"):
                 received += conn.recv(65536)
-            [(status, _payload)] = responses(received)
+            [(status, _payload)] = json_responses(received)
             assert status == 200
             time.sleep(0.2)

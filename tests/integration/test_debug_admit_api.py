@@ -92,7 +92,7 @@ def test_bad_input_is_refused_and_changes_nothing(env: AllocEnv, port: int) -> N
 def test_off_by_default(short_tmp: Path) -> None:
     agent = AgentProcess(short_tmp).start()
     try:
-        # neither a route of the aiohttp API nor a listener of its own
+        # neither a route of the API nor a listener of its own
         status, _ = post(agent.port, "/debug/v1/admit", pod("a", 1))
         assert status in (404, 405)
     finally:

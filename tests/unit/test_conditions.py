@@ -4,12 +4,19 @@ when their status does; `/api/v1/devices` (ApiViews) serves them as NodeDevices 
 from __future__ import annotations
 
 from deviceplane.agent.serving.api_views import ApiViews
-from deviceplane.api.models import AgentView, Condition, ResourceView
-from deviceplane.core.conditions import ConditionTimes, conditions, devices_healthy, keep_times, plugins_connected
+from deviceplane.api.models import AgentView, Condition
+from deviceplane.core.conditions import (
+    ConditionTimes,
+    ResourceCounts,
+    conditions,
+    devices_healthy,
+    keep_times,
+    plugins_connected,
+)
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
-from deviceplane.core.view import devices_status, rfc3339
+from deviceplane.core.view import devices_status, resource_counts, rfc3339
 
 GPU, NIC = "example.com/gpu", "example.com/nic"
 
@@ -24,9 +31,15 @@ def registry_with(*resources: tuple[str, list[str]]) -> DeviceRegistry:
     return registry
 
 
-def resources_of(registry: DeviceRegistry) -> list[ResourceView]:
+def resources_of(registry: DeviceRegistry) -> list[ResourceCounts]:
+    counts = [resource_counts(state) for state in registry.statuses()]
+    # the counts agree with the view's (exact also where its device lists are truncated)
     agent = AgentView(version="0", node="n", lastHeartbeatTime="t")
-    return devices_status(registry, registry.capacity(), agent).resources
+    views = devices_status(registry, registry.capacity(), agent, device_limit=0).resources
+    assert [(v.name, v.plugin.connected, v.capacity, v.healthy, v.unhealthy) for v in views] == [
+        (c.name, c.connected, c.capacity, c.healthy, c.unhealthy) for c in counts
+    ]
+    return counts
 
 
 def by_type(found: list[Condition]) -> dict[str, tuple[str, str, str, str]]:
@@ -104,17 +117,13 @@ def test_api_devices_reports_the_node_conditions_also_for_one_resource() -> None
     now = [1_000_000.0]
     views = ApiViews(registry, PodTable(), PodDevices(), "n", wall_clock=lambda: now[0])
 
-    class Request:  # what `devices` reads of an aiohttp request
-        def __init__(self, **query: str) -> None:
-            self.query = query
-
     first = views.devices()["conditions"]
     assert [(c["type"], c["status"], c["message"]) for c in first] == [
         ("PluginsConnected", "True", "2 of 2 plugins connected"),
         ("DevicesHealthy", "False", f"{NIC}: 1 of 1 unhealthy"),
     ]
     now[0] += 5
-    only_gpu = views.devices(Request(resource=GPU))  # type: ignore[arg-type]
+    only_gpu = views.devices({"resource": GPU})
     assert [r["name"] for r in only_gpu["resources"]] == [GPU]
     assert only_gpu["conditions"] == first  # node-wide, times kept
     registry.plugin_disconnected(GPU, "/example.com-gpu.sock", 2.0)

@@ -317,13 +317,15 @@ def test_a_publisher_without_debounce_polls_at_a_floor_not_in_a_busy_loop() -> N
 
 def test_a_bracketed_ipv6_http_address_is_served() -> None:
     """`--http-addr [::1]:9450` passes the flag's check but the brackets reached the socket layer (found in review)."""
-    from aiohttp import web
+    from prometheus_client import CollectorRegistry
 
     from deviceplane.agent.cli import http_address
-    from deviceplane.agent.serving.http_api import serve
+    from deviceplane.agent.serving.http_api import HttpApi
 
     async def serve_and_stop() -> None:
-        runner = await serve(web.Application(), http_address("[::1]:0"))
-        await runner.cleanup()
+        api = HttpApi(lambda _query: {}, list, CollectorRegistry(), lambda: None, lambda: None)
+        await api.start(http_address("[::1]:0"))
+        assert api.port > 0
+        await api.close()
 
     asyncio.run(serve_and_stop())

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiohttp import web
-
 from deviceplane import __version__
+from deviceplane.agent.serving.lean_http import HttpError
 from deviceplane.api.models import AgentView, DevicesStatus
 from deviceplane.core.conditions import ConditionTimes
 from deviceplane.core.pod_devices import PodDevices
@@ -44,13 +43,14 @@ class ApiViews:
         self._wall_clock = wall_clock
         self._conditions = ConditionTimes()  # the view's: transition times kept while the agent runs
 
-    def devices(self, request: web.Request | None = None) -> dict[str, Any]:
-        query = request.query if request is not None else {}
+    def devices(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """`/api/v1/devices`: `limit` and `resource` from the query (others ignored); HttpError 400 for a bad limit."""
+        query = query or {}
         limit = None
         if "limit" in query:
             # ASCII digits only ("²".isdigit() is true, int() refuses it), and short enough for int() to take
             if not re.fullmatch(r"[0-9]{1,9}", query["limit"]):
-                raise web.HTTPBadRequest(text=f"limit must be an integer from 0 to 999999999, got {query['limit']!r}")
+                raise HttpError(400, f"limit must be an integer from 0 to 999999999, got {query['limit']!r}")
             limit = int(query["limit"])
         return self.status(limit, query.get("resource")).model_dump(mode="json")
 
@@ -69,7 +69,7 @@ class ApiViews:
             conditions=self._conditions,
         )
 
-    def pods(self, _request: web.Request | None = None) -> list[dict[str, Any]]:
+    def pods(self) -> list[dict[str, Any]]:
         if self._pod_list is not None:
             return self._pod_list()
         return pods_view(self._table, self._pod_devices, self._registry)

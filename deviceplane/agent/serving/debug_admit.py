@@ -12,9 +12,10 @@ another process on 127.0.0.1), so the two are timed symmetrically. Pods admitted
 Bad input answers 400 `{"error"}`. `durationNs` is measured inside the agent: from the pod handed to the admission
 runner until it settled (admit), or until the release is durable (remove).
 
-It is served on its own loopback port by a small HTTP/1.1 server (serving/lean_http.py), not by the aiohttp app:
-aiohttp's per-request machinery cost ~1 ms of event-loop CPU per admission, more than the kubelet harness's Go
-server, and would have charged the agent for the benchmark's entry rather than for admission.
+It is served on its own loopback port (so that it can stay off the API's address) by the same small HTTP/1.1 server
+as the API (serving/lean_http.py): aiohttp's per-request machinery cost ~1 ms of event-loop CPU per admission, more
+than the kubelet harness's Go server, and would have charged the agent for the benchmark's entry rather than for
+admission.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deviceplane.agent.admission.runner import AdmissionRunner
-from deviceplane.agent.serving.lean_http import LeanHttpServer, Respond, error_body
+from deviceplane.agent.serving.lean_http import LeanHttpServer, Request, Respond, error_body
 from deviceplane.core.pod_table import PodRecord, PodState
 from deviceplane.core.pods import parse_pod
 
@@ -44,7 +45,7 @@ class DebugAdmitApi:
         self._runner = runner
         self._durable = durable
         self._node_name = node_name
-        self._server = LeanHttpServer({ADMIT_PATH: self._admit, REMOVE_PATH: self._remove})
+        self._server = LeanHttpServer({("POST", ADMIT_PATH): self._admit, ("POST", REMOVE_PATH): self._remove})
 
     async def start(self, address: str) -> None:
         host, _, port = address.rpartition(":")
@@ -57,9 +58,9 @@ class DebugAdmitApi:
     async def close(self) -> None:
         await self._server.close()
 
-    def _admit(self, body: bytes, respond: Respond) -> None:
+    def _admit(self, request: Request, respond: Respond) -> None:
         try:
-            pod = parse_pod(json.loads(body), self._node_name, SOURCE)
+            pod = parse_pod(json.loads(request.body), self._node_name, SOURCE)
         except (ValueError, RecursionError) as err:  # bad JSON (or nested too deep) or PodError
             respond(400, error_body(str(err) or type(err).__name__))
             return
@@ -75,9 +76,9 @@ class DebugAdmitApi:
 
         self._runner.when_settled(pod.uid, settled)
 
-    def _remove(self, body: bytes, respond: Respond) -> None:
+    def _remove(self, request: Request, respond: Respond) -> None:
         try:
-            uid = json.loads(body)["uid"]
+            uid = json.loads(request.body)["uid"]
             if not isinstance(uid, str) or not uid:
                 raise ValueError("uid must be a non-empty string")
         except (ValueError, KeyError, TypeError, RecursionError) as err:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import math
 
-from aiohttp import web
-
+from deviceplane.agent.serving.lean_http import TEXT, HttpError, Request, Respond, Route
 from deviceplane.agent.supervisor import Supervisor
 from deviceplane.debug_faults import block_event_loop
 
@@ -33,20 +32,22 @@ def block_seconds(text: str) -> float:
     return seconds
 
 
-def add_fault_route(app: web.Application, supervisor: Supervisor) -> None:
-    async def fault(request: web.Request) -> web.Response:
-        if "block_loop" in request.query:
-            if "task" in request.query:
-                raise web.HTTPBadRequest(text="one fault per request: task or block_loop")
+def fault_routes(supervisor: Supervisor) -> dict[tuple[str, str], Route]:
+    def fault(request: Request, respond: Respond) -> None:
+        query = request.params()
+        if "block_loop" in query:
+            if "task" in query:
+                raise HttpError(400, "one fault per request: task or block_loop")
             try:
-                seconds = block_seconds(request.query["block_loop"])
+                seconds = block_seconds(query["block_loop"])
             except ValueError as err:
-                raise web.HTTPBadRequest(text=str(err)) from None
+                raise HttpError(400, str(err)) from None
             block_event_loop(seconds)
-            return web.Response(text=f"event loop blocked for {seconds:g}s")
-        name = request.query.get("task", "")
+            respond(200, f"event loop blocked for {seconds:g}s".encode(), TEXT)
+            return
+        name = query.get("task", "")
         if not supervisor.inject_fault(name):
-            raise web.HTTPNotFound(text=f"no running supervised task {name!r}; tasks: {', '.join(supervisor.names)}")
-        return web.Response(text=f"fault injected into {name}")
+            raise HttpError(404, f"no running supervised task {name!r}; tasks: {', '.join(supervisor.names)}")
+        respond(200, f"fault injected into {name}".encode(), TEXT)
 
-    app.router.add_post("/debug/fault", fault)
+    return {("POST", "/debug/fault"): fault}

@@ -1,16 +1,19 @@
-"""A minimal HTTP/1.1 server on asyncio.Protocol for a few POST routes: the debug admit entry (serving/debug_admit.py).
+"""A minimal HTTP/1.1 server on asyncio.Protocol for a few routes: the agent's API (serving/http_api.py) and the debug
+admit entry (serving/debug_admit.py).
 
 Why not aiohttp: per request it builds a Request, a handler task and a streamed response, ~1 ms of event-loop CPU on
-this machine, which the kubelet harness's Go server does not pay (benchmarks/README.md). Here a request is parsed as
-it arrives and handed to a callback that answers whenever it is ready (`respond`), with no task of its own. Reads go
-into a buffer of the connection's own (asyncio.BufferedProtocol): a plain Protocol's transport allocates a new
-256 KiB bytes object per read, ~14 µs each on this machine.
+this machine for a POST, ~0.1 ms for a GET, which the kubelet harness's Go server does not pay (benchmarks/README.md).
+Here a request is parsed as it arrives and handed to a callback that answers whenever it is ready (`respond`), with no
+task of its own. Reads go into a buffer of the connection's own (asyncio.BufferedProtocol): a plain Protocol's
+transport allocates a new 256 KiB bytes object per read, ~14 µs each on this machine.
 
-What it accepts: HTTP/1.0 and 1.1, `POST <path>` with a Content-Length body (no chunked encoding), keep-alive and
-pipelining (answers in request order, one request handled at a time per connection), bounded header and body sizes.
-Anything else gets a JSON `{"error"}` answer: 400 (malformed), 404 (unknown path), 405 (not POST), 413 (body too
-large); after a 400 or 413 the connection is closed, since its framing can no longer be trusted. A route that raises
-answers 500 and is logged.
+What it accepts: HTTP/1.0 and 1.1, routes by method and path (a GET route answers HEAD too, without the body), bodies
+by Content-Length (no chunked encoding), keep-alive and pipelining (answers in request order, one request handled at
+a time per connection), bounded header and body sizes. Anything else gets a JSON `{"error"}` answer: 400
+(malformed), 404 (unknown path), 405 (a method the path does not take, with `Allow`), 413 (body too large); after a
+400 or 413 the connection is closed, since its framing can no longer be trusted. A route that raises `HttpError`
+answers its status with the message; one that raises anything else answers 500 and is logged. A keep-alive connection
+idle for KEEPALIVE_SECONDS is closed, as aiohttp's keep-alive timeout did.
 """
 
 from __future__ import annotations
@@ -19,19 +22,21 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+from urllib.parse import parse_qsl
 
 log = logging.getLogger("deviceplane.http.lean")
 
 MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
 LINGER_SECONDS = 2.0
+KEEPALIVE_SECONDS = 75.0  # aiohttp's default
 READ_BYTES = 64 << 10
-
-# (status, JSON body); a route calls it exactly once per request.
-Respond = Callable[[int, bytes], None]
-Route = Callable[[bytes, Respond], None]
+JSON = b"application/json"
+TEXT = b"text/plain; charset=utf-8"
 
 _REASONS = {
     200: "OK",
@@ -40,12 +45,15 @@ _REASONS = {
     405: "Method Not Allowed",
     413: "Content Too Large",
     500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _DIGITS = re.compile(rb"[0-9]{1,12}")
 
 
-class BadRequest(Exception):
+class HttpError(Exception):
+    """A request refused: answered with `status` and `{"error": message}`."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -55,62 +63,86 @@ def error_body(message: str) -> bytes:
     return json.dumps({"error": message}).encode()
 
 
+class Respond(Protocol):
+    """A request's answer; a route calls it exactly once per request, whenever it is ready."""
+
+    def __call__(self, status: int, body: bytes, content_type: bytes = JSON, /) -> None: ...
+
+
 @dataclass(slots=True, eq=False)
-class _Request:
+class Request:
     method: bytes
     path: bytes
+    query: bytes  # after the `?`, undecoded
     length: int
     keep_alive: bool
+    body: bytes = field(default=b"")
+
+    def params(self) -> dict[str, str]:
+        """The query's parameters, percent-decoded (UTF-8, undecodable bytes replaced), the first value of a name
+        kept (as aiohttp's `request.query[name]` did)."""
+        found: dict[str, str] = {}
+        for name, value in parse_qsl(self.query.decode("utf-8", "replace"), keep_blank_values=True):
+            found.setdefault(name, value)
+        return found
 
 
-def parse_head(head: bytes) -> _Request:
+Route = Callable[[Request, Respond], None]
+
+
+def parse_head(head: bytes) -> Request:
     """The request line and headers (without the blank line that ends them)."""
     bare = head.replace(b"\r\n", b"")
     if b"\r" in bare or b"\n" in bare or b"\0" in bare:
-        raise BadRequest(400, "bare CR, LF or NUL in the request header")
+        raise HttpError(400, "bare CR, LF or NUL in the request header")
     lines = head.split(b"\r\n")
     parts = lines[0].split(b" ")
     if len(parts) != 3 or not _TOKEN.fullmatch(parts[0]) or not parts[1].startswith(b"/"):
-        raise BadRequest(400, "malformed request line")
+        raise HttpError(400, "malformed request line")
     method, target, version = parts
     if version not in (b"HTTP/1.1", b"HTTP/1.0"):
-        raise BadRequest(400, "only HTTP/1.0 and HTTP/1.1 are served")
+        raise HttpError(400, "only HTTP/1.0 and HTTP/1.1 are served")
     keep_alive = version == b"HTTP/1.1"
     length: int | None = None
     for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon or not _TOKEN.fullmatch(name):  # also refuses obsolete line folding (a leading space)
-            raise BadRequest(400, "malformed header line")
+            raise HttpError(400, "malformed header line")
         name = name.lower()
         value = value.strip(b" \t")
         if name == b"content-length":
             if not _DIGITS.fullmatch(value) or (length is not None and length != int(value)):
-                raise BadRequest(400, "invalid Content-Length")
+                raise HttpError(400, "invalid Content-Length")
             length = int(value)
         elif name == b"transfer-encoding":
-            raise BadRequest(400, "only Content-Length bodies are accepted, not Transfer-Encoding")
+            raise HttpError(400, "only Content-Length bodies are accepted, not Transfer-Encoding")
         elif name == b"connection":
             tokens = {t.strip() for t in value.lower().split(b",")}
             if b"close" in tokens:
                 keep_alive = False
             elif b"keep-alive" in tokens:
                 keep_alive = True
-    path = target.partition(b"?")[0]
-    return _Request(method, path, length or 0, keep_alive)
+    path, _, query = target.partition(b"?")
+    return Request(method, path, query, length or 0, keep_alive)
 
 
 class _Connection(asyncio.BufferedProtocol):
     def __init__(
-        self, routes: dict[bytes, Route], max_header: int, max_body: int, open_transports: set[asyncio.Transport]
+        self,
+        routes: dict[bytes, dict[bytes, Route]],
+        max_header: int,
+        max_body: int,
+        connections: set[_Connection],
     ) -> None:
         self._routes = routes
-        self._open = open_transports
+        self._connections = connections
         self._max_header = max_header
         self._max_body = max_body
         self._transport: asyncio.Transport | None = None
         self._read = memoryview(bytearray(READ_BYTES))
         self._buffer = bytearray()
-        self._busy: _Request | None = None  # the request a route is answering
+        self._busy: Request | None = None  # the request a route is answering
+        self.last_active = time.monotonic()  # for the keep-alive timeout: reads and answers
         self._closing = False  # answer what is in flight, then close
         self._paused = False
         self._in_next = False
@@ -119,13 +151,20 @@ class _Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
-        self._open.add(transport)
+        self._connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._transport is not None:
-            self._open.discard(self._transport)
+        self._connections.discard(self)
         self._transport = None
         self._buffer.clear()
+
+    def idle_since(self, moment: float) -> bool:
+        """No request in flight, and nothing read or answered since `moment`."""
+        return self._busy is None and self.last_active < moment
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._close(self._transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._read
@@ -133,6 +172,7 @@ class _Connection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._draining:
             return
+        self.last_active = time.monotonic()
         self._buffer += self._read[:nbytes]
         if self._busy is None:
             self._next()
@@ -172,7 +212,7 @@ class _Connection(asyncio.BufferedProtocol):
                 return
             try:
                 request = parse_head(bytes(self._buffer[:end]))
-            except BadRequest as err:
+            except HttpError as err:
                 self._fail(err.status, str(err))
                 return
             if request.length > self._max_body:
@@ -183,41 +223,51 @@ class _Connection(asyncio.BufferedProtocol):
                 if self._closing:
                     self._close(self._transport)  # the client's EOF came first: the rest of this body never will
                 return  # the body is still coming
-            body = bytes(self._buffer[start : start + request.length])
+            if request.length:
+                request.body = bytes(self._buffer[start : start + request.length])
             del self._buffer[: start + request.length]
-            self._dispatch(request, body)
+            self._dispatch(request)
 
-    def _dispatch(self, request: _Request, body: bytes) -> None:
-        route = self._routes.get(request.path)
+    def _dispatch(self, request: Request) -> None:
+        methods = self._routes.get(request.path)
         self._busy = request
-        if route is None:
+        route = None if methods is None else methods.get(b"GET" if request.method == b"HEAD" else request.method)
+        if methods is None:
             self._answer(request, 404, error_body("not found"))
-        elif request.method != b"POST":
-            self._answer(request, 405, error_body("only POST is allowed"), b"Allow: POST\r\n")
+        elif route is None:
+            allowed = b", ".join(sorted(methods) + ([b"HEAD"] if b"GET" in methods else []))
+            message = f"{request.method.decode('latin-1')} is not allowed here: {allowed.decode()}"
+            self._answer(request, 405, error_body(message), JSON, b"Allow: %s\r\n" % allowed)
         else:
             answered = False
 
-            def respond(status: int, payload: bytes) -> None:
+            def respond(status: int, payload: bytes, content_type: bytes = JSON, /) -> None:
                 nonlocal answered
                 if not answered:
                     answered = True
-                    self._answer(request, status, payload)
+                    self._answer(request, status, payload, content_type)
 
             try:
-                route(body, respond)
+                route(request, respond)
+            except HttpError as err:
+                respond(err.status, error_body(str(err)))
             except Exception as err:  # a bug in a route answers 500; the server and the agent go on
-                log.exception("debug HTTP route failed")
+                log.exception("HTTP route failed", extra={"path": request.path.decode("latin-1")})
                 respond(500, error_body(f"internal error: {err}"))
 
-    def _answer(self, request: _Request, status: int, payload: bytes, extra: bytes = b"") -> None:
+    def _answer(
+        self, request: Request, status: int, payload: bytes, content_type: bytes = JSON, extra: bytes = b""
+    ) -> None:
         if self._busy is not request:
             return
         self._busy = None
+        self.last_active = time.monotonic()
         transport = self._transport
         if transport is None:
             return  # the client went away meanwhile
         close = not request.keep_alive
-        self._write(transport, status, payload, extra + (b"Connection: close\r\n" if close else b""))
+        extra += b"Connection: close\r\n" if close else b""
+        self._write(transport, status, payload, content_type, extra, request.method == b"HEAD")
         if close:
             self._linger(transport)
         elif self._buffer or self._paused or self._closing:
@@ -227,7 +277,7 @@ class _Connection(asyncio.BufferedProtocol):
         transport = self._transport
         if transport is None:
             return
-        self._write(transport, status, error_body(message), b"Connection: close\r\n")
+        self._write(transport, status, error_body(message), JSON, b"Connection: close\r\n")
         self._linger(transport)
 
     def _linger(self, transport: asyncio.Transport) -> None:
@@ -244,32 +294,48 @@ class _Connection(asyncio.BufferedProtocol):
         if self._transport is not transport:
             return  # already closed
         transport.close()
-        self._open.discard(transport)
+        self._connections.discard(self)
         self._transport = None
         self._buffer.clear()
 
     @staticmethod
-    def _write(transport: asyncio.Transport, status: int, payload: bytes, extra: bytes) -> None:
-        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n" % (
+    def _write(
+        transport: asyncio.Transport,
+        status: int,
+        payload: bytes,
+        content_type: bytes,
+        extra: bytes,
+        head_only: bool = False,
+    ) -> None:
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
             status,
             _REASONS.get(status, "Unknown").encode(),
+            content_type,
             len(payload),
             extra,
         )
-        transport.write(head + payload)
+        transport.write(head if head_only else head + payload)
 
 
 class LeanHttpServer:
-    """POST routes by path on one address; `start` binds, `close` stops listening and drops the connections."""
+    """Routes by (method, path) on one address; `start` binds, `close` stops listening and drops the connections."""
 
     def __init__(
-        self, routes: dict[str, Route], max_header: int = MAX_HEADER_BYTES, max_body: int = MAX_BODY_BYTES
+        self,
+        routes: Mapping[tuple[str, str], Route],
+        max_header: int = MAX_HEADER_BYTES,
+        max_body: int = MAX_BODY_BYTES,
+        keepalive_seconds: float = KEEPALIVE_SECONDS,
     ) -> None:
-        self._routes = {path.encode("ascii"): route for path, route in routes.items()}
+        self._routes: dict[bytes, dict[bytes, Route]] = {}
+        for (method, path), route in routes.items():
+            self._routes.setdefault(path.encode("ascii"), {})[method.encode("ascii")] = route
         self._max_header = max_header
         self._max_body = max_body
+        self._keepalive = keepalive_seconds
         self._server: asyncio.Server | None = None
-        self._transports: set[asyncio.Transport] = set()
+        self._connections: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def port(self) -> int:
@@ -279,15 +345,27 @@ class LeanHttpServer:
     async def start(self, host: str, port: int) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._connection, host, port)
+        self._sweeper = loop.call_later(self._keepalive / 2, self._close_idle)
 
     def _connection(self) -> _Connection:
-        return _Connection(self._routes, self._max_header, self._max_body, self._transports)
+        return _Connection(self._routes, self._max_header, self._max_body, self._connections)
+
+    def _close_idle(self) -> None:
+        """Close keep-alive connections idle for longer than the keep-alive timeout; checked every half of it (one
+        timer for all connections, rather than one per request)."""
+        quiet_since = time.monotonic() - self._keepalive
+        for connection in [c for c in self._connections if c.idle_since(quiet_since)]:
+            connection.close()
+        self._sweeper = asyncio.get_running_loop().call_later(self._keepalive / 2, self._close_idle)
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
-            for transport in list(self._transports):  # idle keep-alive connections too (wait_closed waits for them)
-                transport.close()
-            self._transports.clear()
+            for connection in list(self._connections):  # idle keep-alive ones too (wait_closed waits for them)
+                connection.close()
+            self._connections.clear()
             await self._server.wait_closed()
             self._server = None

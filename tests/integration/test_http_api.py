@@ -1,0 +1,158 @@
+"""The agent's HTTP API (serving/http_api.py on serving/lean_http.py), over real sockets to a real agent: what a
+client sees of each route, HEAD, the errors for unknown paths, other methods and bad queries, keep-alive, and no
+connection left behind by clients that go away."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deviceplane.agent.serving.lean_http import JSON, LeanHttpServer, Request, Respond
+from tests.support.procs import AgentProcess, wait_for
+from tests.support.raw_http import exchange, responses
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    process = AgentProcess(Path(tmp_path_factory.mktemp("http-api"))).start()
+    yield process
+    process.kill()
+
+
+def request(agent: AgentProcess, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=10)
+    try:
+        conn.request(method, path)
+        answer = conn.getresponse()
+        return answer.status, {k.lower(): v for k, v in answer.getheaders()}, answer.read()
+    finally:
+        conn.close()
+
+
+def test_each_route_answers_with_its_content_type(agent: AgentProcess) -> None:
+    status, headers, body = request(agent, "GET", "/api/v1/devices")
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert json.loads(body)["agent"]["node"] == "test-node"
+    status, headers, body = request(agent, "GET", "/api/v1/pods")
+    assert (status, headers["content-type"], json.loads(body)) == (200, "application/json", [])
+    status, headers, body = request(agent, "GET", "/metrics")
+    assert status == 200 and headers["content-type"].startswith("text/plain; version=")
+    assert b"deviceplane_" in body
+    for probe in ("/healthz", "/readyz"):
+        assert request(agent, "GET", probe) == (
+            200, {"content-type": "text/plain; charset=utf-8", "content-length": "2"}, b"ok",
+        )  # fmt: skip
+
+
+def test_head_answers_the_get_headers_without_a_body(agent: AgentProcess) -> None:
+    _, get_headers, get_body = request(agent, "GET", "/api/v1/pods")
+    # http.client reads no body for HEAD; the raw exchange below shows none is sent either
+    status, headers, body = request(agent, "HEAD", "/api/v1/pods")
+    assert (status, body) == (200, b"") and headers["content-length"] == str(len(get_body))
+    assert headers["content-type"] == get_headers["content-type"]
+    raw = exchange(agent.port, b"HEAD /healthz HTTP/1.1\r\n\r\nGET /healthz HTTP/1.1\r\n\r\n", [])
+    [(head_status, head_fields, head_body), (status, _, body)] = responses(raw)
+    assert (head_status, head_fields[b"content-length"], head_body, status, body) == (200, b"2", b"", 200, b"ok")
+
+
+def test_unknown_paths_other_methods_and_bad_queries_are_refused_with_the_reason(agent: AgentProcess) -> None:
+    status, _, body = request(agent, "GET", "/api/v1/nothing")
+    assert (status, json.loads(body)) == (404, {"error": "not found"})
+    status, headers, body = request(agent, "POST", "/api/v1/devices")
+    assert status == 405 and headers["allow"] == "GET, HEAD"
+    assert json.loads(body) == {"error": "POST is not allowed here: GET, HEAD"}
+    status, _, body = request(agent, "DELETE", "/metrics")
+    assert status == 405
+    status, _, body = request(agent, "GET", "/api/v1/devices?limit=%C2%B2")
+    assert status == 400 and json.loads(body) == {"error": "limit must be an integer from 0 to 999999999, got '²'"}
+    status, _, body = request(agent, "GET", "/debug/fault?task=x")  # only with DEVICEPLANE_DEBUG_FAULTS=1
+    assert status == 404
+    assert agent.healthy()
+
+
+def test_queries_are_decoded_and_the_first_value_counts(agent: AgentProcess) -> None:
+    status, _, body = request(agent, "GET", "/api/v1/devices?limit=0&limit=x&resource=example.com%2Fnone")
+    assert status == 200 and json.loads(body)["resources"] == []
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(agent: AgentProcess) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=10)
+    try:
+        ports = set()
+        for path in ("/healthz", "/api/v1/devices?limit=0", "/metrics", "/api/v1/nothing", "/readyz"):
+            conn.request("GET", path)
+            conn.getresponse().read()
+            assert conn.sock is not None
+            ports.add(conn.sock.getsockname()[1])
+        assert len(ports) == 1  # one connection, kept
+    finally:
+        conn.close()
+
+
+def open_fds(agent: AgentProcess) -> int:
+    assert agent.proc is not None
+    return len(os.listdir(f"/proc/{agent.proc.pid}/fd"))
+
+
+def test_clients_that_go_away_leave_no_connection_behind(agent: AgentProcess) -> None:
+    """Half a request, a whole one never read, a reset: each connection the agent had is closed with the client's."""
+    request(agent, "GET", "/healthz")
+    before = open_fds(agent)
+    for i in range(60):
+        conn = socket.create_connection(("127.0.0.1", agent.port), timeout=5)
+        if i % 3 == 0:
+            conn.sendall(b"GET /api/v1/devi")  # half a request line
+        elif i % 3 == 1:
+            conn.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")  # an answer never read
+        else:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+        conn.close()
+    wait_for(lambda: open_fds(agent) <= before, timeout=10, what=f"the agent's fds back to {before}")
+    assert agent.healthy()
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
+    """As aiohttp's keep-alive timeout did: an idle client does not hold a connection (and an fd) forever; one with
+    a request in flight is not cut."""
+
+    async def scenario() -> tuple[bytes, bytes, bytes]:
+        loop = asyncio.get_running_loop()
+        held: list[Respond] = []
+
+        def slow(_request: Request, respond: Respond) -> None:
+            held.append(respond)  # answered later, well past the timeout
+
+        def fast(_request: Request, respond: Respond) -> None:
+            respond(200, b"{}", JSON)
+
+        server = LeanHttpServer({("GET", "/slow"): slow, ("GET", "/fast"): fast}, keepalive_seconds=0.2)
+        await server.start("127.0.0.1", 0)
+        try:
+            idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", server.port)
+            idle_writer.write(b"GET /fast HTTP/1.1\r\n\r\n")
+            busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", server.port)
+            busy_writer.write(b"GET /slow HTTP/1.1\r\n\r\n")
+            started = time.monotonic()
+            answered = await asyncio.wait_for(idle_reader.read(4096), 2)
+            closed = await asyncio.wait_for(idle_reader.read(4096), 2)  # b"": the server closed it
+            assert 0.2 <= time.monotonic() - started < 1.5
+            await asyncio.sleep(0.3)
+            loop.call_soon(held[0], 200, b'{"late":1}', JSON)
+            late = await asyncio.wait_for(busy_reader.read(4096), 2)
+            idle_writer.close()
+            busy_writer.close()
+            return answered, closed, late
+        finally:
+            await server.close()
+
+    answered, closed, late = asyncio.run(scenario())
+    assert answered.startswith(b"HTTP/1.1 200 OK") and closed == b""
+    assert late.startswith(b"HTTP/1.1 200 OK") and late.endswith(b'{"late":1}')
