@@ -12,6 +12,7 @@ from typing import Any
 from deviceplane.agent.kube.client import KubeApi, api_client
 from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
 from deviceplane.api.models import AgentView, DevicesStatus, PluginView, ResourceView
+from deviceplane.core.conditions import ResourceCounts
 from deviceplane.core.conditions import conditions as judged
 from deviceplane.core.view import rfc3339
 
@@ -153,12 +154,13 @@ def test_an_object_deleted_by_hand_is_created_again_at_the_next_write(agent_inst
         name=GPU, capacity=1, allocatable=1, healthy=1, unhealthy=0, allocated=0, devices=[],
         plugin=PluginView(connected=True, preStartRequired=False, getPreferredAllocationAvailable=False),
     )  # fmt: skip
+    counts = ResourceCounts(GPU, connected=True, capacity=1, healthy=1, unhealthy=0)
 
     def status(_limit: int) -> DevicesStatus:
         # Judged afresh at each call (the agent's view keeps times while it runs): the publisher keeps the times.
         beat = now()
         agent = AgentView(version="t", node=node, lastHeartbeatTime=beat)
-        return DevicesStatus(resources=[gpu], agent=agent, conditions=judged([gpu], beat, {}))
+        return DevicesStatus(resources=[gpu], agent=agent, conditions=judged([counts], beat, {}))
 
     publisher = NodeDevicesPublisher(kube, node, status, heartbeat=1)
 
