@@ -23,6 +23,7 @@ from deviceplane.agent.kube.mode import NODEDEVICES_MAX_DEVICES
 from deviceplane.agent.kube.node_devices import without_heartbeat
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.models import AgentView
+from deviceplane.core.conditions import ConditionTimes
 from deviceplane.core.pod_devices import PodDevices, make_allocation
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import AllocationHolders
@@ -62,8 +63,8 @@ def measure(
         started = time.perf_counter()
         holders = AllocationHolders(pods, PodTable()) if pods is not None else None
         shown = (lambda name: name == resource) if resource else None
-        status = devices_status(
-            reg, reg.capacity(), agent, holders, device_limit=limit, resource_filter=shown
+        status = devices_status(  # with the node's conditions, judged over every resource, as the API and NodeDevices
+            reg, reg.capacity(), agent, holders, device_limit=limit, resource_filter=shown, conditions=ConditionTimes()
         ).model_dump(mode="json")
         without_heartbeat(status)
         size = len(json.dumps(status, separators=(",", ":")))
@@ -87,7 +88,7 @@ def main() -> None:
         calls = (("count poll (limit=0, one resource)", 0, "example.com/r0"), ("NodeDevices (bound 128)", 128, None))
         for label, limit, resource in calls:
             seconds, _ = measure(reg, limit, pods, resource)
-            print(f"{containers:>16,} {label:>34} {seconds * 1000:>9.2f}")
+            print(f"{containers:>16,} {label:>34} {seconds * 1000:>9.3f}")
 
 
 if __name__ == "__main__":
