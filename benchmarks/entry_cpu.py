@@ -96,7 +96,7 @@ def serve(kind: str, port: int) -> None:
             def lean_get(request: Request, respond: Respond) -> None:
                 respond(200, json.dumps({"query": request.params().get("q")}).encode())
 
-            await LeanHttpServer({("POST", "/x"): route, ("GET", "/y"): lean_get}).start("127.0.0.1", port)
+            await LeanHttpServer({("POST", "/x"): route, ("GET", "/y"): lean_get}).start(f"127.0.0.1:{port}")
         await asyncio.Event().wait()
 
     asyncio.run(run())

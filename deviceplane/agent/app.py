@@ -52,7 +52,8 @@ from deviceplane.agent.serving.debug_admit import SOURCE as DEBUG_SOURCE
 from deviceplane.agent.serving.debug_admit import DebugAdmitApi
 from deviceplane.agent.serving.debug_faults import fault_routes
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
-from deviceplane.agent.serving.http_api import HttpApi
+from deviceplane.agent.serving.http_api import api_routes
+from deviceplane.agent.serving.lean_http import LeanHttpServer
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.serving.podresources import PodResourcesServer, PodResourcesServicer
 from deviceplane.agent.serving.state_metrics import busy_poll_seconds, journal_corrupt_records
@@ -247,7 +248,11 @@ class Agent:
         self._pod_resources = PodResourcesServer(
             PodResourcesServicer(self.pods, self.pod_devices, self.registry), config.pod_resources_socket
         )
-        self._http: HttpApi | None = None
+        routes = api_routes(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
+        if debug_faults_enabled():
+            routes.update(fault_routes(self.supervisor))
+        self._http = LeanHttpServer(routes)
+        self._debug_http = LeanHttpServer(self._debug_admit.routes()) if self._debug_admit is not None else None
 
         # -- the heap: full collections when nothing is in flight ---------------------------------------------------
         self.heap = HeapKeeper(
@@ -364,14 +369,6 @@ class Agent:
             log.info("removed stale sockets", extra={"sockets": removed})
 
         await self.registration.start()
-        self._http = HttpApi(
-            self.views.devices,
-            self.views.pods,
-            self.metrics.prometheus,
-            self._health,
-            self._readiness,
-            fault_routes(self.supervisor) if debug_faults_enabled() else None,
-        )
         await self._http.start(self.config.http_addr)
         self.supervisor.start()
         if self._watcher is not None:
@@ -381,9 +378,9 @@ class Agent:
         if self.proxy is None:  # in proxy mode the kubelet admits pods and serves PodResources
             self.admission.start()
             self._admitting = True
-            if self._debug_admit is not None and self.config.debug_admit_addr is not None:
+            if self._debug_http is not None and self.config.debug_admit_addr is not None:
                 self.admission.synced(DEBUG_SOURCE)  # it has no pods before the first request
-                await self._debug_admit.start(self.config.debug_admit_addr)
+                await self._debug_http.start(self.config.debug_admit_addr)
             await self._pod_resources.start()
         # Last: what start built is long-lived, so it leaves the collector's generations.
         self.heap.start()
@@ -418,8 +415,8 @@ class Agent:
             await self.proxy.stop()
         await self.registration.stop()
         await self._pod_resources.stop()
-        if self._debug_admit is not None:
-            await self._debug_admit.close()
+        if self._debug_http is not None:
+            await self._debug_http.close()
         if self._admitting:
             await self.admission.stop_admitting()
         # Plugins disconnected first: their devices turn unhealthy, which changes the checkpoint, and the journal
@@ -427,9 +424,7 @@ class Agent:
         await self.manager.stop()
         if self._restored:
             await self.admission.close()
-        if self._http is not None:
-            await self._http.close()
-            self._http = None
+        await self._http.close()
         self.heap.stop()
         self._dir_lock.release()
         self._stop_loop_watchdog()

@@ -134,7 +134,7 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
             respond(200, b"{}", JSON)
 
         server = LeanHttpServer({("GET", "/slow"): slow, ("GET", "/fast"): fast}, keepalive_seconds=0.2)
-        await server.start("127.0.0.1", 0)
+        await server.start("127.0.0.1:0")
         try:
             idle_reader, idle_writer = await asyncio.open_connection("127.0.0.1", server.port)
             idle_writer.write(b"GET /fast HTTP/1.1\r\n\r\n")

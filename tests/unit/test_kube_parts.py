@@ -317,15 +317,13 @@ def test_a_publisher_without_debounce_polls_at_a_floor_not_in_a_busy_loop() -> N
 
 def test_a_bracketed_ipv6_http_address_is_served() -> None:
     """`--http-addr [::1]:9450` passes the flag's check but the brackets reached the socket layer (found in review)."""
-    from prometheus_client import CollectorRegistry
-
     from deviceplane.agent.cli import http_address
-    from deviceplane.agent.serving.http_api import HttpApi
+    from deviceplane.agent.serving.lean_http import LeanHttpServer
 
     async def serve_and_stop() -> None:
-        api = HttpApi(lambda _query: {}, list, CollectorRegistry(), lambda: None, lambda: None)
-        await api.start(http_address("[::1]:0"))
-        assert api.port > 0
-        await api.close()
+        server = LeanHttpServer({})
+        await server.start(http_address("[::1]:0"))
+        assert server.port > 0
+        await server.close()
 
     asyncio.run(serve_and_stop())

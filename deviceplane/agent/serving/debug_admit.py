@@ -12,10 +12,10 @@ another process on 127.0.0.1), so the two are timed symmetrically. Pods admitted
 Bad input answers 400 `{"error"}`. `durationNs` is measured inside the agent: from the pod handed to the admission
 runner until it settled (admit), or until the release is durable (remove).
 
-It is served on its own loopback port (so that it can stay off the API's address) by the same small HTTP/1.1 server
-as the API (serving/lean_http.py): aiohttp's per-request machinery cost ~1 ms of event-loop CPU per admission, more
-than the kubelet harness's Go server, and would have charged the agent for the benchmark's entry rather than for
-admission.
+Its routes are served on their own loopback port (so that they stay off the API's address) by the same small
+HTTP/1.1 server as the API (serving/lean_http.py): aiohttp's per-request machinery cost ~1 ms of event-loop CPU per
+admission, more than the kubelet harness's Go server, and would have charged the agent for the benchmark's entry
+rather than for admission.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deviceplane.agent.admission.runner import AdmissionRunner
-from deviceplane.agent.serving.lean_http import LeanHttpServer, Request, Respond, error_body
+from deviceplane.agent.serving.lean_http import Request, Respond, Route, error_body
 from deviceplane.core.pod_table import PodRecord, PodState
 from deviceplane.core.pods import parse_pod
 
@@ -45,18 +45,9 @@ class DebugAdmitApi:
         self._runner = runner
         self._durable = durable
         self._node_name = node_name
-        self._server = LeanHttpServer({("POST", ADMIT_PATH): self._admit, ("POST", REMOVE_PATH): self._remove})
 
-    async def start(self, address: str) -> None:
-        host, _, port = address.rpartition(":")
-        await self._server.start(host.strip("[]") or "127.0.0.1", int(port))
-
-    @property
-    def port(self) -> int:
-        return self._server.port
-
-    async def close(self) -> None:
-        await self._server.close()
+    def routes(self) -> dict[tuple[str, str], Route]:
+        return {("POST", ADMIT_PATH): self._admit, ("POST", REMOVE_PATH): self._remove}
 
     def _admit(self, request: Request, respond: Respond) -> None:
         try:

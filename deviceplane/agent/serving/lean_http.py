@@ -342,9 +342,11 @@ class LeanHttpServer:
         assert self._server is not None
         return int(self._server.sockets[0].getsockname()[1])
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, address: str) -> None:
+        """Listen on "HOST:PORT" ("[::1]:9450" too, as --http-addr accepts it; an empty host is 127.0.0.1)."""
+        host, _, port = address.rpartition(":")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._connection, host, port)
+        self._server = await loop.create_server(self._connection, host.strip("[]") or "127.0.0.1", int(port))
         self._sweeper = loop.call_later(self._keepalive / 2, self._close_idle)
 
     def _connection(self) -> _Connection:
