@@ -1,11 +1,13 @@
 """A minimal HTTP/1.1 server on asyncio.Protocol for a few routes: the agent's API (serving/http_api.py) and the debug
 admit entry (serving/debug_admit.py).
 
-Why not aiohttp: per request it builds a Request, a handler task and a streamed response, ~1 ms of event-loop CPU on
-this machine for a POST, ~0.1 ms for a GET, which the kubelet harness's Go server does not pay (benchmarks/README.md).
-Here a request is parsed as it arrives and handed to a callback that answers whenever it is ready (`respond`), with no
-task of its own. Reads go into a buffer of the connection's own (asyncio.BufferedProtocol): a plain Protocol's
-transport allocates a new 256 KiB bytes object per read, ~14 µs each on this machine.
+Why not aiohttp: per request it builds a Request, a handler task and a streamed response, which the kubelet harness's
+Go server does not pay: ~1 ms of event-loop CPU per admission through the debug entry when it was measured in the
+agent, and 57-80 µs of server CPU per request alone against 33-43 µs for this server (benchmarks/entry_cpu.py,
+benchmarks/README.md). Here a request is parsed as it arrives and handed to a callback that answers whenever it is
+ready (`respond`), with no task of its own. Reads go into a buffer of the connection's own
+(asyncio.BufferedProtocol): a plain Protocol's transport allocates a new 256 KiB bytes object per read, ~14 µs each
+on this machine.
 
 What it accepts: HTTP/1.0 and 1.1, routes by method and path (a GET route answers HEAD too, without the body), bodies
 by Content-Length (no chunked encoding), keep-alive and pipelining (answers in request order, one request handled at
