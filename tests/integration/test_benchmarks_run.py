@@ -37,6 +37,7 @@ from tests.support.procs import ROOT, child_env
         ),
         ("snapshot_churn.py", ["--rounds", "2"], "10,000  5,000  one flips"),
         ("journal_directory.py", ["--rounds", "1", "--pods", "20"], "the watcher woken per admission"),
+        ("write_after_idle.py", ["--rounds", "1", "--writes", "5"], "tight loop of writes (the floor's)  write"),
         (
             "loop_stalls.py",
             ["--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40", "--threshold", "0"],
