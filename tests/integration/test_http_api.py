@@ -156,3 +156,54 @@ def test_an_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
     answered, closed, late = asyncio.run(scenario())
     assert answered.startswith(b"HTTP/1.1 200 OK") and closed == b""
     assert late.startswith(b"HTTP/1.1 200 OK") and late.endswith(b'{"late":1}')
+
+
+def test_a_request_slower_to_arrive_than_the_request_timeout_is_answered_408_and_closed() -> None:
+    """A client that trickles a request (a byte at a time, never idle long enough for the keep-alive timeout) would
+    hold its connection as long as it likes: it gets a 408 and the connection is closed. A connection with a request
+    in flight, or one that sent whole requests, is not cut."""
+
+    async def scenario() -> tuple[bytes, float, bytes, bytes]:
+        loop = asyncio.get_running_loop()
+        held: list[Respond] = []
+
+        def slow(_request: Request, respond: Respond) -> None:
+            held.append(respond)
+
+        def fast(_request: Request, respond: Respond) -> None:
+            respond(200, b"{}", JSON)
+
+        server = LeanHttpServer(
+            {("GET", "/slow"): slow, ("GET", "/fast"): fast}, keepalive_seconds=60, request_seconds=0.3
+        )
+        await server.start("127.0.0.1:0")
+        try:
+            trickle_reader, trickle_writer = await asyncio.open_connection("127.0.0.1", server.port)
+            busy_reader, busy_writer = await asyncio.open_connection("127.0.0.1", server.port)
+            busy_writer.write(b"GET /slow HTTP/1.1\r\n\r\n")
+            whole_reader, whole_writer = await asyncio.open_connection("127.0.0.1", server.port)
+            started = time.monotonic()
+            for byte in b"GET /fast HTTP/1.1\r\nX-Slow: yes":
+                trickle_writer.write(bytes([byte]))
+                if trickle_reader.at_eof():
+                    break
+                whole_writer.write(b"GET /fast HTTP/1.1\r\n\r\n")
+                await asyncio.sleep(0.03)
+            timed_out = await asyncio.wait_for(trickle_reader.read(), 3)  # until the server closes
+            elapsed = time.monotonic() - started
+            loop.call_soon(held[0], 200, b'{"late":1}', JSON)
+            late = await asyncio.wait_for(busy_reader.readuntil(b'{"late":1}'), 3)
+            whole_writer.write(b"GET /fast HTTP/1.1\r\nConnection: close\r\n\r\n")
+            whole = await asyncio.wait_for(whole_reader.read(), 3)
+            for writer in (trickle_writer, busy_writer, whole_writer):
+                writer.close()
+            return timed_out, elapsed, late, whole
+        finally:
+            await server.close()
+
+    timed_out, elapsed, late, whole = asyncio.run(scenario())
+    assert timed_out.startswith(b"HTTP/1.1 408 Request Timeout") and b"Connection: close" in timed_out
+    assert timed_out.endswith(b'{"error": "request not received in full within 0.3s"}')
+    assert 0.3 <= elapsed < 1.5
+    assert late.startswith(b"HTTP/1.1 200 OK")
+    assert whole.count(b"HTTP/1.1 200 OK") >= 10 and whole.endswith(b"{}")  # answered throughout, then closed

@@ -15,7 +15,9 @@ a time per connection), bounded header and body sizes. Anything else gets a JSON
 (malformed), 404 (unknown path), 405 (a method the path does not take, with `Allow`), 413 (body too large); after a
 400 or 413 the connection is closed, since its framing can no longer be trusted. A route that raises `HttpError`
 answers its status with the message; one that raises anything else answers 500 and is logged. A keep-alive connection
-idle for KEEPALIVE_SECONDS is closed, as aiohttp's keep-alive timeout did.
+idle for KEEPALIVE_SECONDS is closed, as aiohttp's keep-alive timeout did; a request not received in full within
+REQUEST_SECONDS of its first byte is answered 408 and its connection closed (a client trickling bytes would
+otherwise hold a connection, and an fd, for as long as it likes).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
 LINGER_SECONDS = 2.0
 KEEPALIVE_SECONDS = 75.0  # aiohttp's default
+REQUEST_SECONDS = 30.0
 READ_BYTES = 64 << 10
 JSON = b"application/json"
 TEXT = b"text/plain; charset=utf-8"
@@ -45,6 +48,7 @@ _REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     413: "Content Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -145,6 +149,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._buffer = bytearray()
         self._busy: Request | None = None  # the request a route is answering
         self.last_active = time.monotonic()  # for the keep-alive timeout: reads and answers
+        self._partial_since: float | None = None  # when the request being read began to arrive
         self._closing = False  # answer what is in flight, then close
         self._paused = False
         self._in_next = False
@@ -163,6 +168,13 @@ class _Connection(asyncio.BufferedProtocol):
     def idle_since(self, moment: float) -> bool:
         """No request in flight, and nothing read or answered since `moment`."""
         return self._busy is None and self.last_active < moment
+
+    def stalled_since(self, moment: float) -> bool:
+        """A request still being read that began to arrive before `moment`."""
+        return self._busy is None and self._partial_since is not None and self._partial_since < moment
+
+    def time_out(self, seconds: float) -> None:
+        self._fail(408, f"request not received in full within {seconds:g}s")
 
     def close(self) -> None:
         if self._transport is not None:
@@ -202,6 +214,10 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _next_requests(self) -> None:
         while self._busy is None and self._transport is not None and not self._draining:
+            if not self._buffer:
+                self._partial_since = None
+            elif self._partial_since is None:
+                self._partial_since = time.monotonic()
             end = self._buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._buffer) > self._max_header:
@@ -228,6 +244,7 @@ class _Connection(asyncio.BufferedProtocol):
             if request.length:
                 request.body = bytes(self._buffer[start : start + request.length])
             del self._buffer[: start + request.length]
+            self._partial_since = None
             self._dispatch(request)
 
     def _dispatch(self, request: Request) -> None:
@@ -328,6 +345,7 @@ class LeanHttpServer:
         max_header: int = MAX_HEADER_BYTES,
         max_body: int = MAX_BODY_BYTES,
         keepalive_seconds: float = KEEPALIVE_SECONDS,
+        request_seconds: float = REQUEST_SECONDS,
     ) -> None:
         self._routes: dict[bytes, dict[bytes, Route]] = {}
         for (method, path), route in routes.items():
@@ -335,6 +353,8 @@ class LeanHttpServer:
         self._max_header = max_header
         self._max_body = max_body
         self._keepalive = keepalive_seconds
+        self._request_seconds = request_seconds
+        self._sweep_every = min(keepalive_seconds, request_seconds) / 2
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -349,18 +369,22 @@ class LeanHttpServer:
         host, _, port = address.rpartition(":")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._connection, host.strip("[]") or "127.0.0.1", int(port))
-        self._sweeper = loop.call_later(self._keepalive / 2, self._close_idle)
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep)
 
     def _connection(self) -> _Connection:
         return _Connection(self._routes, self._max_header, self._max_body, self._connections)
 
-    def _close_idle(self) -> None:
-        """Close keep-alive connections idle for longer than the keep-alive timeout; checked every half of it (one
-        timer for all connections, rather than one per request)."""
-        quiet_since = time.monotonic() - self._keepalive
-        for connection in [c for c in self._connections if c.idle_since(quiet_since)]:
-            connection.close()
-        self._sweeper = asyncio.get_running_loop().call_later(self._keepalive / 2, self._close_idle)
+    def _sweep(self) -> None:
+        """Close keep-alive connections idle for longer than the keep-alive timeout, and time out requests slower to
+        arrive than the request timeout; checked every half of the shorter (one timer for all connections, rather
+        than one per request)."""
+        now = time.monotonic()
+        for connection in list(self._connections):
+            if connection.stalled_since(now - self._request_seconds):
+                connection.time_out(self._request_seconds)
+            elif connection.idle_since(now - self._keepalive):
+                connection.close()
+        self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep)
 
     async def close(self) -> None:
         if self._sweeper is not None:
