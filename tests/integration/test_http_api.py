@@ -120,7 +120,7 @@ def test_clients_that_go_away_leave_no_connection_behind(agent: AgentProcess) ->
 
 
 def test_an_idle_keep_alive_connection_is_closed_after_the_timeout() -> None:
-    """As aiohttp's keep-alive timeout did: an idle client does not hold a connection (and an fd) forever; one with
+    """The keep-alive timeout: an idle client does not hold a connection (and an fd) forever; one with
     a request in flight is not cut."""
 
     async def scenario() -> tuple[bytes, bytes, bytes]:

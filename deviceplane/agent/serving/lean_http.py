@@ -14,10 +14,12 @@ by Content-Length (no chunked encoding), keep-alive and pipelining (answers in r
 a time per connection), bounded header and body sizes. Anything else gets a JSON `{"error"}` answer: 400
 (malformed), 404 (unknown path), 405 (a method the path does not take, with `Allow`), 413 (body too large); after a
 400 or 413 the connection is closed, since its framing can no longer be trusted. A route that raises `HttpError`
-answers its status with the message; one that raises anything else answers 500 and is logged. A keep-alive connection
-idle for KEEPALIVE_SECONDS is closed, as aiohttp's keep-alive timeout did; a request not received in full within
-REQUEST_SECONDS of its first byte is answered 408 and its connection closed (a client trickling bytes would
-otherwise hold a connection, and an fd, for as long as it likes).
+answers its status with the message; one that raises anything else answers 500 and is logged.
+
+Timeouts, which the aiohttp runner the agent had did not give (it kept an idle connection 3,630 s, its default, and
+has no timeout of its own for a request being received): a keep-alive connection idle for KEEPALIVE_SECONDS is
+closed, and a request not received in full within REQUEST_SECONDS of its first byte is answered 408 and its
+connection closed (a client trickling bytes would otherwise hold a connection, and an fd, for as long as it likes).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ log = logging.getLogger("deviceplane.http.lean")
 MAX_HEADER_BYTES = 8192
 MAX_BODY_BYTES = 1 << 20
 LINGER_SECONDS = 2.0
-KEEPALIVE_SECONDS = 75.0  # aiohttp's default
+KEEPALIVE_SECONDS = 75.0  # aiohttp's run_app default; Go's HTTP client drops idle connections after 90 s
 REQUEST_SECONDS = 30.0
 READ_BYTES = 64 << 10
 JSON = b"application/json"
