@@ -25,6 +25,7 @@ connection closed (a client trickling bytes would otherwise hold a connection, a
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -219,7 +220,7 @@ class _Connection(asyncio.BufferedProtocol):
             if not self._buffer:
                 self._partial_since = None
             elif self._partial_since is None:
-                self._partial_since = time.monotonic()
+                self._partial_since = self.last_active  # set by the read or the answer that led here
             end = self._buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._buffer) > self._max_header:
@@ -260,14 +261,8 @@ class _Connection(asyncio.BufferedProtocol):
             message = f"{request.method.decode('latin-1')} is not allowed here: {allowed.decode()}"
             self._answer(request, 405, error_body(message), JSON, b"Allow: %s\r\n" % allowed)
         else:
-            answered = False
-
-            def respond(status: int, payload: bytes, content_type: bytes = JSON, /) -> None:
-                nonlocal answered
-                if not answered:
-                    answered = True
-                    self._answer(request, status, payload, content_type)
-
+            # A second answer to the same request is dropped by `_answer` (the request is no longer the one in flight).
+            respond: Respond = functools.partial(self._answer, request)
             try:
                 route(request, respond)
             except HttpError as err:
