@@ -64,7 +64,7 @@ def measure(
         holders = AllocationHolders(pods, PodTable()) if pods is not None else None
         shown = (lambda name: name == resource) if resource else None
         status = devices_status(  # with the node's conditions, judged over every resource, as the API and NodeDevices
-            reg, reg.capacity(), agent, holders, device_limit=limit, resource_filter=shown, conditions=ConditionTimes()
+            reg, agent, holders, device_limit=limit, resource_filter=shown, conditions=ConditionTimes()
         ).model_dump(mode="json")
         without_heartbeat(status)
         size = len(json.dumps(status, separators=(",", ":")))

@@ -10,7 +10,7 @@ from typing import Protocol
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
 from deviceplane.core.conditions import ConditionTimes, ResourceCounts
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
-from deviceplane.core.registry import Capacity, DeviceRegistry, ResourceStatus
+from deviceplane.core.registry import DeviceRegistry, ResourceStatus
 
 
 class Holders(Protocol):
@@ -51,7 +51,7 @@ def _plugin_view(state: ResourceStatus) -> PluginView:
 
 
 def resource_view(
-    state: ResourceStatus, capacity: Capacity, holders: Holders, device_limit: int | None = None
+    state: ResourceStatus, counts: ResourceCounts, holders: Holders, device_limit: int | None = None
 ) -> ResourceView:
     ids = state.all_devices
     # Under a limit, the first few in order without sorting them all (limit=0, a count poll, costs nothing per device).
@@ -70,10 +70,10 @@ def resource_view(
         )
     return ResourceView(
         name=state.name,
-        capacity=capacity.capacity.get(state.name, 0),
-        allocatable=capacity.allocatable.get(state.name, 0),
-        healthy=len(state.healthy),
-        unhealthy=len(state.unhealthy),
+        capacity=counts.capacity,
+        allocatable=counts.healthy,  # as the registry's capacity(): the healthy devices
+        healthy=counts.healthy,
+        unhealthy=counts.unhealthy,
         allocated=holders.allocated_count(state.name),
         plugin=_plugin_view(state),
         devices=devices,
@@ -82,13 +82,14 @@ def resource_view(
 
 
 def resource_counts(state: ResourceStatus) -> ResourceCounts:
+    """The resource's counts, as DeviceRegistry.capacity() gives them (capacity: every device; allocatable: the
+    healthy ones), from its own state, without a pass over every resource."""
     healthy, unhealthy = len(state.healthy), len(state.unhealthy)
     return ResourceCounts(state.name, state.connected, healthy + unhealthy, healthy, unhealthy)
 
 
 def devices_status(
     registry: DeviceRegistry,
-    capacity: Capacity,
     agent: AgentView,
     holders: Holders | None = None,
     device_limit: int | None = None,
@@ -102,10 +103,14 @@ def devices_status(
     resources = []
     judged = []  # every resource's counts, the ones left out of the view included
     for state in registry.statuses():
+        shown = resource_filter is None or resource_filter(state.name)
+        if not shown and conditions is None:
+            continue
+        counts = resource_counts(state)
         if conditions is not None:
-            judged.append(resource_counts(state))
-        if resource_filter is None or resource_filter(state.name):
-            resources.append(resource_view(state, capacity, holders, device_limit))
+            judged.append(counts)
+        if shown:
+            resources.append(resource_view(state, counts, holders, device_limit))
     if conditions is None:
         return DevicesStatus(resources=resources, agent=agent)
     found = conditions.update(judged, agent.lastHeartbeatTime)

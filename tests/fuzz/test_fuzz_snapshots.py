@@ -76,9 +76,12 @@ def test_fuzz_list_and_watch_snapshots(snapshots: list[list[pb.Device]], policy:
     capacity = registry.capacity()
     assert capacity.capacity[R] == len(last) and capacity.allocatable[R] == len(state.healthy)
 
-    view = devices_status(registry, capacity, AgentView(version="0", node="n", lastHeartbeatTime="x"), device_limit=3)
+    view = devices_status(registry, AgentView(version="0", node="n", lastHeartbeatTime="x"), device_limit=3)
     rendered = json.loads(json.dumps(view.model_dump(mode="json")))
     assert len(rendered["resources"][0]["devices"]) == min(3, len(last))
+    # the view's counts are the registry's capacity (the node's capacity and allocatable), judged from the state
+    counted = rendered["resources"][0]
+    assert (counted["capacity"], counted["allocatable"]) == (capacity.capacity[R], capacity.allocatable[R])
 
     numa = list(range(nodes))
     pod = Pod("uid", "default", "p", "Pending", (), (Container("c", ((R, want),)),))

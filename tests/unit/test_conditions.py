@@ -4,7 +4,7 @@ when their status does; `/api/v1/devices` (ApiViews) serves them as NodeDevices 
 from __future__ import annotations
 
 from deviceplane.agent.serving.api_views import ApiViews
-from deviceplane.api.models import AgentView, Condition
+from deviceplane.api.models import Condition
 from deviceplane.core.conditions import (
     ConditionTimes,
     ResourceCounts,
@@ -16,7 +16,7 @@ from deviceplane.core.conditions import (
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
-from deviceplane.core.view import devices_status, resource_counts, rfc3339
+from deviceplane.core.view import resource_counts, rfc3339
 
 GPU, NIC = "example.com/gpu", "example.com/nic"
 
@@ -33,12 +33,15 @@ def registry_with(*resources: tuple[str, list[str]]) -> DeviceRegistry:
 
 def resources_of(registry: DeviceRegistry) -> list[ResourceCounts]:
     counts = [resource_counts(state) for state in registry.statuses()]
-    # the counts agree with the view's (exact also where its device lists are truncated)
-    agent = AgentView(version="0", node="n", lastHeartbeatTime="t")
-    views = devices_status(registry, registry.capacity(), agent, device_limit=0).resources
-    assert [(v.name, v.plugin.connected, v.capacity, v.healthy, v.unhealthy) for v in views] == [
-        (c.name, c.connected, c.capacity, c.healthy, c.unhealthy) for c in counts
+    # the counts are the registry's own (its capacity(), which the Node gets) and its connection state, exact also
+    # where a view's device lists are truncated
+    capacity = registry.capacity()
+    assert [(c.name, c.capacity, c.healthy) for c in counts] == [
+        (name, capacity.capacity[name], capacity.allocatable[name]) for name in sorted(capacity.capacity)
     ]
+    for c in counts:
+        state = registry.resource(c.name)
+        assert state is not None and (c.connected, c.unhealthy) == (state.connected, len(state.unhealthy))
     return counts
 
 

@@ -45,9 +45,9 @@ def test_a_count_poll_walks_no_allocation() -> None:
     for i in range(50):
         allocate(pds, f"p{i}", "c", f"d{i}")
     reg = registry([f"d{i}" for i in range(60)])
-    (view,) = devices_status(reg, reg.capacity(), AGENT, AllocationHolders(pds, PodTable()), device_limit=0).resources
+    (view,) = devices_status(reg, AGENT, AllocationHolders(pds, PodTable()), device_limit=0).resources
     assert (view.allocated, view.devices, pds.walks) == (50, [], 0)
-    (view,) = devices_status(reg, reg.capacity(), AGENT, AllocationHolders(pds, PodTable()), device_limit=5).resources
+    (view,) = devices_status(reg, AGENT, AllocationHolders(pds, PodTable()), device_limit=5).resources
     assert pds.walks == 1  # listing held devices walks once per view, not once per device
     assert [d.allocatedTo.pod if d.allocatedTo else None for d in view.devices] == ["p0", "p1", "p10", "p11", "p12"]
 
@@ -60,7 +60,7 @@ def test_free_devices_need_no_walk_and_known_pods_are_named() -> None:
     main = Container(name="main", limits=((R, 1),))
     table.add(Pod("uid-1", "ml", "trainer", "Running", (), (main,)), "file", "trainer.json")
     reg = registry(["a", "b", "c"])
-    (view,) = devices_status(reg, reg.capacity(), AGENT, AllocationHolders(pds, table)).resources
+    (view,) = devices_status(reg, AGENT, AllocationHolders(pds, table)).resources
     assert {d.id: d.allocatedTo for d in view.devices} == {
         "a": AllocatedTo(namespace="ml", pod="trainer", container="main"),
         "b": AllocatedTo(namespace="", pod="uid-gone", container="c"),
@@ -86,7 +86,7 @@ def test_the_view_agrees_with_walking_every_allocation(
             allocate(pds, pod, container, *(f"d{i}" for i in sorted(ids)))
     reg = registry([f"d{i}" for i in range(10)])
     holders = AllocationHolders(pds, PodTable())
-    (view,) = devices_status(reg, reg.capacity(), AGENT, holders, device_limit=limit).resources
+    (view,) = devices_status(reg, AGENT, holders, device_limit=limit).resources
     everything = pds.holder_map()
     assert view.allocated == len({device for _resource, device in everything})
     for device in view.devices:

@@ -19,7 +19,7 @@ def view_ids(ids: list[str], limit: int | None) -> tuple[list[str], bool, int]:
     registry = DeviceRegistry(grace_period=300)
     registry.plugin_connected(R, "/r.sock", PluginOptions(), 0.0)
     registry.apply_snapshot(R, "/r.sock", [Device(i, "Healthy" if n % 2 else "Unhealthy") for n, i in enumerate(ids)])
-    (resource,) = devices_status(registry, registry.capacity(), AGENT, device_limit=limit).resources
+    (resource,) = devices_status(registry, AGENT, device_limit=limit).resources
     return [d.id for d in resource.devices], resource.devicesTruncated, resource.healthy
 
 

@@ -61,7 +61,6 @@ class ApiViews:
         agent = AgentView(version=__version__, node=self._node_name, lastHeartbeatTime=rfc3339(self._wall_clock()))
         return devices_status(
             self._registry,
-            self._registry.capacity(),
             agent,
             holders=self._owners or AllocationHolders(self._pod_devices, self._table),
             device_limit=device_limit,
