@@ -79,8 +79,34 @@ def test_unknown_paths_other_methods_and_bad_queries_are_refused_with_the_reason
 
 
 def test_queries_are_decoded_and_the_first_value_counts(agent: AgentProcess) -> None:
-    status, _, body = request(agent, "GET", "/api/v1/devices?limit=0&limit=x&resource=example.com%2Fnone")
+    # %30 is "0": undecoded, the limit would be refused; the second limit would be too
+    status, _, body = request(agent, "GET", "/api/v1/devices?limit=%30&limit=x&resource=example.com%2Fnone")
     assert status == 200 and json.loads(body)["resources"] == []
+    status, _, body = request(agent, "GET", "/api/v1/devices?limit=x&limit=%30")
+    assert status == 400 and json.loads(body)["error"].endswith("got 'x'")
+
+
+def test_a_second_answer_to_a_request_is_dropped() -> None:
+    """A route that answers twice: the client gets one answer, and the next request on the connection its own."""
+
+    async def scenario() -> bytes:
+        def twice(_request: Request, respond: Respond) -> None:
+            respond(200, b'{"first":1}', JSON)
+            respond(500, b'{"second":1}', JSON)
+
+        server = LeanHttpServer({("GET", "/twice"): twice})
+        await server.start("127.0.0.1:0")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /twice HTTP/1.1\r\n\r\nGET /twice HTTP/1.1\r\nConnection: close\r\n\r\n")
+            received = await asyncio.wait_for(reader.read(), 3)
+            writer.close()
+            return received
+        finally:
+            await server.close()
+
+    answers = responses(asyncio.run(scenario()))
+    assert [(status, body) for status, _, body in answers] == [(200, b'{"first":1}'), (200, b'{"first":1}')]
 
 
 def test_keep_alive_serves_many_requests_on_one_connection(agent: AgentProcess) -> None:
