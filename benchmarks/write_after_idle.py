@@ -3,7 +3,8 @@ slower than the floor's.
 
 The floor (compare.py) times its fdatasync in a tight loop of them. An admission's write never comes in such a loop:
 it follows a plugin's Allocate round trip, with no disk I/O since the admission before. This times the same write
-(pwritev of 512 bytes with RWF_DSYNC into a zero-filled file, as the journal writes) issued:
+(pwritev of 512 bytes with RWF_DSYNC into a zero-filled file, as the journal writes; the floor times a pwrite and an
+fdatasync, the same sync) issued:
 
 - right after a lean_grpc Allocate to the 1,024-device sim plugin (as in an admission), and after one plus a sleep of
   0.1, 0.5 and 2 ms (the loop asleep, not spinning);
@@ -11,7 +12,8 @@ it follows a plugin's Allocate round trip, with no disk I/O since the admission 
 - in a tight loop of writes (the floor's).
 
 Each case `--writes` times per round, cases in turn, `--rounds` rounds; p50 of each case per round, and the sim's
-CPU per iteration (all its threads, /proc/<pid>/task/*/stat). The sim runs beside a real agent, as in compare.py.
+CPU per iteration (all its threads, from schedstat: nanoseconds on a CPU). The sim runs beside a real agent, as in
+compare.py.
 
     python benchmarks/write_after_idle.py [--rounds 3] [--writes 300]
 """
@@ -31,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.compare import FLOOR_REQUEST, PLAIN, AgentSide, sim_socket, start_sim, stop_procs, wait  # noqa: E402
+from benchmarks.journal_directory import cpu_seconds  # noqa: E402
 from deviceplane.lean_grpc.channel import Channel  # noqa: E402
 
 ALLOCATE = "/v1beta1.DevicePlugin/Allocate"
@@ -46,15 +49,6 @@ CASES = (
     ("no Allocate, after 2 ms asleep", False, 2e-3),
     ("tight loop of writes (the floor's)", False, 0.0),
 )
-
-
-def process_cpu(pid: int) -> float:
-    """Seconds on a CPU, all threads."""
-    ticks = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class DurableWrites:
@@ -82,7 +76,7 @@ async def measure(socket: Path, writes: DurableWrites, sim_pid: int, rounds: int
         for _ in range(rounds):
             for label, allocate, sleep in CASES:
                 timings = []
-                before = process_cpu(sim_pid)
+                before = cpu_seconds(sim_pid)
                 for _ in range(count):
                     if allocate:
                         await channel.unary(ALLOCATE, wire, 10)
@@ -90,7 +84,7 @@ async def measure(socket: Path, writes: DurableWrites, sim_pid: int, rounds: int
                         # the thread asleep; asyncio.sleep would round to the selector's 1 ms timeout resolution
                         time.sleep(sleep)  # noqa: ASYNC251
                     timings.append(writes.timed())
-                sim_cpu = (process_cpu(sim_pid) - before) / count
+                sim_cpu = (cpu_seconds(sim_pid) - before) / count
                 found.setdefault(label, []).append((statistics.median(timings), sim_cpu))
     finally:
         await channel.close()
