@@ -76,12 +76,16 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]demo failed:[/red] {err}")
         return 1
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if args.keep:
             console.print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+        # After a stop, the rest of a Ctrl-C burst may still arrive while the process exits. With the previous
+        # handlers back it would interrupt the exit (KeyboardInterrupt: status 130, seen in CI), and so would the
+        # default action the interpreter puts back for a Python handler as it finalizes (death by SIGINT). Ignored
+        # signals stay ignored through finalization; the demo is the process's whole life, so ignoring is safe.
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_IGN if stop.requested else handler)
 
 
 class Stopped(Exception):
