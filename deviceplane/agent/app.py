@@ -18,7 +18,6 @@ import asyncio
 import functools
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -73,6 +72,7 @@ from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import numa_nodes_problem
 from deviceplane.debug_faults import debug_faults_enabled
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
+from deviceplane.stop_signals import STOP_SIGNALS, ignore_stop_signals
 
 if TYPE_CHECKING:
     from deviceplane.agent.kube.client import KubeApi
@@ -443,7 +443,7 @@ async def run_agent(config: AgentConfig, busy_poll: BusyPoll | None = None) -> i
         return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     try:
         await _start_unless_stopped(agent, stop)
@@ -452,6 +452,7 @@ async def run_agent(config: AgentConfig, busy_poll: BusyPoll | None = None) -> i
         await agent.stop()
         return 1
     await stop.wait()
+    ignore_stop_signals(loop)
     await agent.stop()
     return 0
 

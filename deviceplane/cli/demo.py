@@ -31,6 +31,7 @@ from rich.text import Text
 
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.plugin.sim import non_negative_float
+from deviceplane.stop_signals import STOP_SIGNALS, ignore_stop_signals
 
 T = TypeVar("T")
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="deviceplane-demo-", dir="/tmp"))  # short: socket paths are limited
     stop = StopRequest()
     # Ctrl-C and SIGTERM end the demo alike, through the cleanup below.
-    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop.handle) for sig in STOP_SIGNALS}
     try:
         with _processes() as procs:
             Demo(console, workdir, procs, stop).run(args.duration)
@@ -80,12 +81,11 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"kept {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
-        # After a stop, the rest of a Ctrl-C burst may still arrive while the process exits. With the previous
-        # handlers back it would interrupt the exit (KeyboardInterrupt: status 130, seen in CI), and so would the
-        # default action the interpreter puts back for a Python handler as it finalizes (death by SIGINT). Ignored
-        # signals stay ignored through finalization; the demo is the process's whole life, so ignoring is safe.
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_IGN if stop.requested else handler)
+        if stop.requested:  # the rest of a Ctrl-C burst must not interrupt the exit (exit 130 seen in CI)
+            ignore_stop_signals()
+        else:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 class Stopped(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -15,6 +16,7 @@ from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import MANAGED_BY, MANAGED_BY_LABEL
 from deviceplane.operator.reconciler import Reconciler
+from deviceplane.stop_signals import StopOnceEventLoop
 
 log = logging.getLogger("deviceplane.operator")
 
@@ -47,17 +49,20 @@ class Operator:
             from prometheus_client import start_http_server
 
             start_http_server(self.options.metrics_port, addr=self.options.metrics_host, registry=self.metrics.registry)
-        kopf.run(
-            registry=self.registry,
-            settings=self.settings,
-            standalone=self.options.peering is None,
-            peering_name=self.options.peering,
-            clusterwide=not self.options.namespaces,
-            namespaces=self.options.namespaces,
-            liveness_endpoint=self.options.liveness,
-            # kopf would ask getpass for the user name, which fails for a uid without a passwd entry (the image's).
-            identity=f"deviceplane-operator@{socket.gethostname()}/{os.getpid()}",  # type: ignore[arg-type]  # kopf.Identity is not public
-        )
+        # kopf.run on a loop of ours: kopf's own (asyncio.run's) would let a second stop signal interrupt the exit.
+        with asyncio.Runner(loop_factory=StopOnceEventLoop) as runner:
+            kopf.run(
+                loop=runner.get_loop(),
+                registry=self.registry,
+                settings=self.settings,
+                standalone=self.options.peering is None,
+                peering_name=self.options.peering,
+                clusterwide=not self.options.namespaces,
+                namespaces=self.options.namespaces,
+                liveness_endpoint=self.options.liveness,
+                # kopf would ask getpass for the user name, which fails for a uid without a passwd entry (the image's).
+                identity=f"deviceplane-operator@{socket.gethostname()}/{os.getpid()}",  # type: ignore[arg-type]  # kopf.Identity is not public
+            )
 
 
 def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:

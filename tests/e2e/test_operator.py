@@ -562,6 +562,29 @@ def test_restart_causes_no_writes_and_steady_state_sends_no_mutating_request(
     delete_configs(cluster, namespace, *(f"rest-{i}" for i in range(3)))
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_burst_of_stop_signals_ends_the_operator_cleanly(operator: Operator, sig: signal.Signals) -> None:
+    """Ctrl-C held down, or a supervisor repeating SIGTERM: the operator acts on the first and exits 0, the rest do
+    not interrupt that exit (asyncio puts the default dispositions back as kopf's loop closes: a late signal then
+    killed it, or raised KeyboardInterrupt at exit). A second replica on a namespace nobody uses, as above."""
+    extra = Operator(operator.cluster, operator.procs, operator.kubeconfig, ("--namespace", f"e2e-burst-{tag()}"))
+    extra.start()
+    try:
+        assert extra.proc is not None
+        popen, sent = extra.proc.popen, 0
+        deadline = time.monotonic() + 30
+        while popen.poll() is None:
+            assert time.monotonic() < deadline, f"still running after {sent} signals:\n{extra.proc.log_tail()}"
+            popen.send_signal(sig)
+            sent += 1
+            time.sleep(0.0005)  # its exit takes a few ms after the first
+        log = extra.proc.log.read_text(errors="replace")
+        assert popen.returncode == 0, f"exit {popen.returncode} after {sent} signals:\n{log[-3000:]}"
+        assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]
+    finally:
+        extra.stop()
+
+
 # ---- peering: replicas with --peering/--priority ----------------------------------------------------------------
 
 
