@@ -10,6 +10,9 @@ Commands (one JSON object per line on stdin; every command is acknowledged with 
   {"cmd": "end-streams"}                                               end every ListAndWatch stream
   {"cmd": "notifications"}                                             -> plugin-watcher NotifyRegistrationStatus calls
   {"cmd": "calls"}                                 -> {"ok": true, "calls": {...}, "order": [options/stream calls]}
+  {"cmd": "responses", "allocate": HEX?, "preferred": HEX?}  answer Allocate / GetPreferredAllocation with these
+                                                       serialized messages from now on (unknown fields kept);
+                                                       null: the default answers again
   {"cmd": "exit"}
 """
 
@@ -47,6 +50,8 @@ class Plugin(pb_grpc.DevicePluginServicer):
         self.queues: list[asyncio.Queue[list[pb.Device] | None]] = []
         self.calls: Counter[str] = Counter()
         self.order: list[str] = []  # GetDevicePluginOptions and ListAndWatch calls, as they arrived
+        self.allocate_bytes: bytes | None = None  # set by the "responses" command
+        self.preferred_bytes: bytes | None = None
 
     async def GetDevicePluginOptions(self, request, context):
         self.calls["GetDevicePluginOptions"] += 1
@@ -75,6 +80,8 @@ class Plugin(pb_grpc.DevicePluginServicer):
 
     async def Allocate(self, request, context):
         self.calls["Allocate"] += 1
+        if self.allocate_bytes is not None:
+            return pb.AllocateResponse.FromString(self.allocate_bytes)
         if self.args.alloc_response:
             return json_format.Parse(self.args.alloc_response, pb.AllocateResponse())
         responses = [
@@ -85,6 +92,8 @@ class Plugin(pb_grpc.DevicePluginServicer):
 
     async def GetPreferredAllocation(self, request, context):
         self.calls["GetPreferredAllocation"] += 1
+        if self.preferred_bytes is not None:
+            return pb.PreferredAllocationResponse.FromString(self.preferred_bytes)
         if self.args.preferred_response:
             return json_format.Parse(self.args.preferred_response, pb.PreferredAllocationResponse())
         return pb.PreferredAllocationResponse(
@@ -198,6 +207,11 @@ async def main() -> None:
             }
         elif cmd == "calls":
             reply = {"ok": True, "calls": dict(plugin.calls), "order": plugin.order}
+        elif cmd == "responses":
+            allocate, preferred = command.get("allocate"), command.get("preferred")
+            plugin.allocate_bytes = None if allocate is None else bytes.fromhex(allocate)
+            plugin.preferred_bytes = None if preferred is None else bytes.fromhex(preferred)
+            reply = {"ok": True}
         elif cmd == "exit":
             break
         else:
