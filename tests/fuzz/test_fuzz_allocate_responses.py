@@ -136,7 +136,7 @@ def checkpoint_entries(agent: AgentProcess, uid: str) -> dict[str, tuple[set[str
 counter = iter(range(1_000_000))
 
 
-@fuzz_settings(bounded=60, long=3_000)
+@fuzz_settings(bounded=60, long=1_000)
 @given(allocate_answers(), preferred_answers(), st.lists(st.integers(1, 2), min_size=1, max_size=2))
 def test_whatever_a_plugin_answers_the_pod_settles_cleanly(
     setup: tuple[AgentProcess, TestPlugin, int, PodResourcesClient],

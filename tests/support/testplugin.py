@@ -176,7 +176,7 @@ async def main() -> None:
     await server.start()
     print(json.dumps({"ok": True, "socket": socket_path}), flush=True)
 
-    reader = asyncio.StreamReader()
+    reader = asyncio.StreamReader(limit=64 << 20)  # a command can carry large serialized answers
     await asyncio.get_running_loop().connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
         command = json.loads(line)
