@@ -72,7 +72,7 @@ from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import numa_nodes_problem
 from deviceplane.debug_faults import debug_faults_enabled
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, loop_watchdog
-from deviceplane.stop_signals import STOP_SIGNALS, ignore_stop_signals
+from deviceplane.stop_signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from deviceplane.agent.kube.client import KubeApi
@@ -452,7 +452,6 @@ async def run_agent(config: AgentConfig, busy_poll: BusyPoll | None = None) -> i
         await agent.stop()
         return 1
     await stop.wait()
-    ignore_stop_signals(loop)
     await agent.stop()
     return 0
 

@@ -21,6 +21,8 @@ import selectors
 import time
 from collections.abc import Callable
 
+from deviceplane.stop_signals import StopOnceEventLoop
+
 BUSY_POLL_SECONDS = 0.001
 
 
@@ -49,8 +51,9 @@ class BusyPoll:
         self.polled_seconds += seconds
 
     def event_loop(self) -> asyncio.AbstractEventLoop:
-        """A loop factory (asyncio.Runner): a selector event loop whose selector honours this window."""
-        return asyncio.SelectorEventLoop(BusyPollSelector(self))
+        """A loop factory (asyncio.Runner): a selector event loop whose selector honours this window (and on which
+        only the first stop signal counts: stop_signals.py)."""
+        return StopOnceEventLoop(BusyPollSelector(self))
 
 
 class BusyPollSelector(selectors.DefaultSelector):

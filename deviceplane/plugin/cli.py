@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from pathlib import Path
 
+from deviceplane import stop_signals
 from deviceplane.plugin import files, sim_app
 from deviceplane.plugin.plugin import DEFAULT_PLUGIN_DIR, PLUGIN_DIR_ENV, REGISTRY_DIR_ENV, PluginError
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         level=args.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        return int(asyncio.run(PLUGINS[args.plugin].main(args)))
+        return int(stop_signals.run(PLUGINS[args.plugin].main(args)))
     except (ValueError, PluginError) as err:
         # Bad input or an unusable directory: one line, no traceback, "usage error" exit code like argparse's.
         print(f"deviceplane plugin {args.plugin}: error: {err}", file=sys.stderr)

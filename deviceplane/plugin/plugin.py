@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 from watchfiles import Change
 
+from deviceplane import stop_signals
 from deviceplane.aio import cancel_and_wait
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET_NAME
 from deviceplane.plugin.devices import DeviceSet
@@ -108,7 +109,7 @@ class DevicePlugin:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            asyncio.run(self.serve())
+            stop_signals.run(self.serve())  # the process is the plugin: only the first stop signal counts
         else:
             raise RuntimeError("DevicePlugin.run() blocks; inside asyncio code use `await plugin.serve()`")
 

@@ -1,26 +1,25 @@
 """Stop every serving plugin of the process on SIGTERM/SIGINT, so each one removes its socket.
 
 A process may serve several plugins on one loop; `loop.add_signal_handler` keeps one handler per signal, so the
-handler is shared and fans out to all plugins currently serving. Once a signal has stopped them, the process is ending:
-further stop signals are ignored until it exits (see `deviceplane.stop_signals`).
+handler is shared and fans out to all plugins currently serving. `DevicePlugin.run()` and `deviceplane plugin` serve
+on a StopOnceEventLoop (deviceplane/stop_signals.py): there, once a signal has stopped the plugins, further ones are
+ignored until the process exits; a program serving on a loop of its own gets its defaults back when they stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 from collections.abc import Callable, Iterator
 
-from deviceplane.stop_signals import STOP_SIGNALS, ignore_stop_signals
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 _stoppers: list[Callable[[], None]] = []
-_signalled = False
 
 
 def _fire() -> None:
-    global _signalled
-    _signalled = True
     for stop in list(_stoppers):
         stop()
 
@@ -33,7 +32,7 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
         return
     loop = asyncio.get_running_loop()
     if not _stoppers:
-        for sig in STOP_SIGNALS:
+        for sig in SIGNALS:
             loop.add_signal_handler(sig, _fire)
     _stoppers.append(stop)
     try:
@@ -41,8 +40,5 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
     finally:
         _stoppers.remove(stop)
         if not _stoppers:
-            if _signalled:
-                ignore_stop_signals(loop)
-            else:
-                for sig in STOP_SIGNALS:
-                    loop.remove_signal_handler(sig)
+            for sig in SIGNALS:
+                loop.remove_signal_handler(sig)
