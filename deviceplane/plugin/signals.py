@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import threading
 from collections.abc import Callable, Iterator
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+from deviceplane.stop_signals import STOP_SIGNALS
 
 _stoppers: list[Callable[[], None]] = []
 
@@ -32,7 +31,7 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
         return
     loop = asyncio.get_running_loop()
     if not _stoppers:
-        for sig in SIGNALS:
+        for sig in STOP_SIGNALS:
             loop.add_signal_handler(sig, _fire)
     _stoppers.append(stop)
     try:
@@ -40,5 +39,5 @@ def stop_on_signals(stop: Callable[[], None]) -> Iterator[None]:
     finally:
         _stoppers.remove(stop)
         if not _stoppers:
-            for sig in SIGNALS:
+            for sig in STOP_SIGNALS:
                 loop.remove_signal_handler(sig)

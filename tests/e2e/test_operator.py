@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.procs import wait_steady
+from tests.support.procs import hold_down, wait_steady
 
 from .cluster import REPO, Cluster, KubectlError, http_ok
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
@@ -571,13 +571,8 @@ def test_a_burst_of_stop_signals_ends_the_operator_cleanly(operator: Operator, s
     extra.start()
     try:
         assert extra.proc is not None
-        popen, sent = extra.proc.popen, 0
-        deadline = time.monotonic() + 30
-        while popen.poll() is None:
-            assert time.monotonic() < deadline, f"still running after {sent} signals:\n{extra.proc.log_tail()}"
-            popen.send_signal(sig)
-            sent += 1
-            time.sleep(0.0005)  # its exit takes a few ms after the first
+        popen = extra.proc.popen
+        sent = hold_down(popen, sig, interval=0.0005)  # its exit takes a few ms after the first
         log = extra.proc.log.read_text(errors="replace")
         assert popen.returncode == 0, f"exit {popen.returncode} after {sent} signals:\n{log[-3000:]}"
         assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import ROOT, child_env
+from tests.support.procs import ROOT, child_env, hold_down
 
 
 def demo(*args: str) -> subprocess.Popen[str]:
@@ -135,12 +135,7 @@ def test_demo_absorbs_a_ctrl_c_held_down_until_it_has_exited():
         line = proc.stdout.readline()
         assert line and time.monotonic() < deadline, output + (proc.stderr.read() if proc.stderr else "")
         output += line
-    signals = 0
-    deadline = time.monotonic() + 30
-    while proc.poll() is None and time.monotonic() < deadline:
-        proc.send_signal(signal.SIGINT)
-        signals += 1
-        time.sleep(0.01)
+    signals = hold_down(proc, signal.SIGINT, interval=0.01)
     rest, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, f"after {signals} signals:\n" + output + rest + err
     assert "stopped" in rest and "Traceback" not in rest + err

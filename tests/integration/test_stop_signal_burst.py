@@ -6,28 +6,14 @@ stderr, or death by the signal (-2, -15), after a stop that had otherwise gone w
 from __future__ import annotations
 
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.support.plugins import PluginProcess
-from tests.support.procs import AgentProcess, wait_for
+from tests.support.procs import AgentProcess, hold_down, wait_for
 
 RESOURCE = "example.com/burst"
-
-
-def hold_down(proc: subprocess.Popen[bytes], sig: signal.Signals, within: float = 20.0) -> int:
-    """`sig` every millisecond until `proc` exits; how many were sent."""
-    sent = 0
-    deadline = time.monotonic() + within
-    while proc.poll() is None:
-        assert time.monotonic() < deadline, f"still running after {sent} signals"
-        proc.send_signal(sig)
-        sent += 1
-        time.sleep(0.001)
-    return sent
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -40,13 +26,13 @@ def test_a_burst_of_stop_signals_ends_the_agent_and_a_plugin_cleanly(short_tmp: 
         wait_for(lambda: agent.counts(RESOURCE) == (4, 4), timeout=20, what="the sim's devices in the agent")
         plugin_socket = next(p for p in agent.plugin_dir.glob("*.sock") if p.name != "kubelet.sock")
 
-        sent = hold_down(plugin.proc, sig)
+        sent = hold_down(plugin.proc, sig, interval=0.001)
         assert plugin.proc.returncode == 0, f"plugin: exit {plugin.proc.returncode} after {sent}\n{plugin.stderr}"
         assert "Traceback" not in plugin.stderr and "Exception ignored" not in plugin.stderr, plugin.stderr
         assert not plugin_socket.exists()
 
         assert agent.proc is not None
-        sent = hold_down(agent.proc, sig)
+        sent = hold_down(agent.proc, sig, interval=0.001)
         log = agent.log()
         assert agent.proc.returncode == 0, f"agent: exit {agent.proc.returncode} after {sent}\n{log[-3000:]}"
         assert "agent stopped" in log, log[-3000:]

@@ -41,6 +41,19 @@ def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+def hold_down(proc: subprocess.Popen[Any], sig: int, interval: float, within: float = 30.0) -> int:
+    """Send `sig` every `interval` seconds until `proc` exits (Ctrl-C held down, a supervisor repeating SIGTERM);
+    how many were sent. Fails if it still runs after `within` seconds."""
+    sent = 0
+    deadline = time.monotonic() + within
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, f"still running after {sent} signals"
+        proc.send_signal(sig)
+        sent += 1
+        time.sleep(interval)
+    return sent
+
+
 def wait_steady(read: Callable[[], T], hold: float = 0.5, timeout: float = 10.0, what: str = "value") -> T:
     """Poll `read` until it returns the same value for `hold` seconds, and return that value.
 
