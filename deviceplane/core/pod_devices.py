@@ -1,9 +1,8 @@
 """Which devices each pod's containers hold: upstream `podDevices` (spec §4.1, §4.9, §4.13, §6.3), pure.
 
-Kept indexed so that every question an admission asks is answered without walking all pods: the allocated set of a
-resource is maintained incrementally. A device can appear in several entries of one pod (a regular init container's
-devices are reused by later containers), so that index counts references. Who holds a device is only asked by the
-views (`holder_map`), which walk the entries.
+Kept indexed so that every question an admission or a view asks is answered without walking all pods: each
+resource's held devices, with who holds them, are maintained incrementally. A device can appear in several entries of
+one pod (a regular init container's devices are reused by later containers), so the index keeps every holder.
 """
 
 from __future__ import annotations
@@ -20,6 +19,9 @@ from deviceplane.core.registry import Device
 from deviceplane.core.run_options import RunOptions, merge_run_options
 
 DevicesPerNuma = dict[int, tuple[str, ...]]
+Holder = tuple[str, str]  # (pod UID, container)
+# A held device's holders: the one holder (nearly always, and no set to keep per device), or a set of several.
+Holders = Holder | set[Holder]
 
 
 def devices_per_numa(device_ids: Iterable[str], known: Mapping[str, Device]) -> DevicesPerNuma:
@@ -95,8 +97,8 @@ class PodDevices:
         # it (the background checkpoint takes it on the event loop, where walking `_pods` and filtering the entries
         # was part of a 5-7 ms snapshot at 5,000 entries).
         self._entries: dict[tuple[str, str, str], PodDevicesEntry] = {}
-        # resource -> device -> number of entries holding it
-        self._refs: dict[str, dict[str, int]] = {}
+        # resource -> device -> who holds it (every entry holding it)
+        self._held: dict[str, dict[str, Holders]] = {}
         self._count = 0
         self._generation = 0
 
@@ -148,18 +150,28 @@ class PodDevices:
         return skipped
 
     def _index(self, allocation: Allocation) -> None:
-        refs = self._refs.setdefault(allocation.resource, {})
+        held = self._held.setdefault(allocation.resource, {})
+        holder = (allocation.pod_uid, allocation.container)
         for device_id in allocation.device_ids:
-            refs[device_id] = refs.get(device_id, 0) + 1
+            current = held.get(device_id)
+            if current is None:
+                held[device_id] = holder
+            elif isinstance(current, set):
+                current.add(holder)
+            elif current != holder:
+                held[device_id] = {current, holder}
 
     def _unindex(self, allocation: Allocation) -> None:
-        refs = self._refs.get(allocation.resource, {})
+        held = self._held.get(allocation.resource, {})
+        holder = (allocation.pod_uid, allocation.container)
         for device_id in allocation.device_ids:
-            left = refs.get(device_id, 0) - 1
-            if left > 0:
-                refs[device_id] = left
-            else:
-                refs.pop(device_id, None)
+            current = held.get(device_id)
+            if isinstance(current, set):
+                current.discard(holder)
+                if len(current) == 1:
+                    held[device_id] = next(iter(current))
+            elif current == holder:
+                del held[device_id]
 
     # -- reads ------------------------------------------------------------------------------------------------------
 
@@ -191,44 +203,33 @@ class PodDevices:
         return out
 
     def allocated(self, resource: str) -> set[str]:
-        return set(self._refs.get(resource, {}))
+        return set(self._held.get(resource, {}))
 
     def holds(self, resource: str, device_id: str) -> bool:
         """Whether any entry holds the device."""
-        refs = self._refs.get(resource)
-        return refs is not None and device_id in refs
+        held = self._held.get(resource)
+        return held is not None and device_id in held
 
     def allocated_count(self, resource: str) -> int:
-        return len(self._refs.get(resource, {}))
+        return len(self._held.get(resource, {}))
 
     def devices(self) -> dict[str, set[str]]:
         """Upstream devices(): resource -> every allocated ID (recomputable allocatedDevices)."""
-        return {resource: set(refs) for resource, refs in self._refs.items() if refs}
+        return {resource: set(held) for resource, held in self._held.items() if held}
 
-    def holders(self, resource: str, device_id: str) -> set[tuple[str, str]]:
-        """Every (pod, container) whose entry of `resource` holds the device. Walks all entries."""
-        return {
-            (pod_uid, container)
-            for pod_uid, containers in self._pods.items()
-            for container, resources in containers.items()
-            if (allocation := resources.get(resource)) is not None and device_id in allocation.device_ids
-        }
+    def holders(self, resource: str, device_id: str) -> set[Holder]:
+        """Every (pod, container) whose entry of `resource` holds the device."""
+        current = self._held.get(resource, {}).get(device_id)
+        if current is None:
+            return set()
+        return set(current) if isinstance(current, set) else {current}
 
-    def holder_map(self) -> dict[tuple[str, str], tuple[str, str]]:
-        """(resource, device) -> one (pod, container) holding it. When several entries hold a device (a regular init
-        container's devices reused by a later container of the pod), the smallest (pod, container) pair wins, i.e.
-        the container whose name sorts first, whichever kind it is. Walks all entries."""
-        out: dict[tuple[str, str], tuple[str, str]] = {}
-        for pod_uid, containers in self._pods.items():
-            for container, resources in containers.items():
-                holder = (pod_uid, container)
-                for resource, allocation in resources.items():
-                    for device_id in allocation.device_ids:
-                        key = (resource, device_id)
-                        known = out.get(key)
-                        if known is None or holder < known:
-                            out[key] = holder
-        return out
+    def holder(self, resource: str, device_id: str) -> Holder | None:
+        """One (pod, container) holding the device, None when it is free. When several entries hold it (a regular
+        init container's devices reused by a later container of the pod), the smallest (pod, container) pair wins,
+        i.e. the container whose name sorts first, whichever kind it is."""
+        current = self._held.get(resource, {}).get(device_id)
+        return min(current) if isinstance(current, set) else current
 
     def entries(self, without_pods: Collection[str] = ()) -> list[PodDevicesEntry]:
         """Checkpoint entries (upstream toCheckpointData, whose order is Go's random map order), in the order each

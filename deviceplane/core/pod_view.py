@@ -12,24 +12,21 @@ from deviceplane.core.registry import DeviceRegistry
 
 
 class AllocationHolders:
-    """Who holds each device, from the agent's own allocations, for one view (core.view.Holders): counts from the
-    allocations' index; the holders walked once, on the first allocated device the view lists. A pod restored from
-    the checkpoint that no source knows (yet) is shown by its UID alone."""
+    """Who holds each device, from the agent's own allocations' index (core.view.Holders). A pod restored from the
+    checkpoint that no source knows (yet) is shown by its UID alone."""
 
     def __init__(self, pod_devices: PodDevices, table: PodTable) -> None:
         self._pod_devices = pod_devices
         self._table = table
-        self._holder_map: dict[tuple[str, str], tuple[str, str]] | None = None
 
     def allocated_count(self, resource: str) -> int:
         return self._pod_devices.allocated_count(resource)
 
     def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
-        if not self._pod_devices.holds(resource, device_id):
+        holder = self._pod_devices.holder(resource, device_id)
+        if holder is None:
             return None
-        if self._holder_map is None:
-            self._holder_map = self._pod_devices.holder_map()
-        uid, container = self._holder_map[(resource, device_id)]
+        uid, container = holder
         record = self._table.get(uid)
         if record is None:
             return AllocatedTo(namespace="", pod=uid, container=container)

@@ -93,6 +93,8 @@ class ResourceState:
     unhealthy: set[str] = field(default_factory=set)
     # `healthy` sorted, with the set it was made from: every change replaces the set, so identity says it is current.
     _sorted_healthy: tuple[set[str], list[str]] | None = field(default=None, repr=False, compare=False)
+    # Every ID of `all_devices` sorted, with the mapping it was made from (each snapshot shown replaces it).
+    _sorted_ids: tuple[dict[str, Device], list[str]] | None = field(default=None, repr=False, compare=False)
     # The snapshot the sets were made from, None when they are not a snapshot's (before the first, after
     # mark_unhealthy).
     _shown: tuple[Device, ...] | None = field(default=None, repr=False, compare=False)
@@ -103,6 +105,15 @@ class ResourceState:
         kept = self._sorted_healthy
         if kept is None or kept[0] is not self.healthy:
             kept = self._sorted_healthy = (self.healthy, _resorted(kept, self.healthy))
+        return kept[1]
+
+    def sorted_ids(self) -> list[str]:
+        """Every device ID in order, sorted once per snapshot shown: the views list the first few (NodeDevices: 128
+        of each resource per publish), which otherwise took a partial sort of every ID per resource and view (0.3 ms
+        at 10,000 devices). Shared: callers must not modify it."""
+        kept, devices = self._sorted_ids, self.all_devices
+        if kept is None or kept[0] is not devices:
+            kept = self._sorted_ids = (devices, sorted(devices))
         return kept[1]
 
     def show(self, devices: tuple[Device, ...]) -> bool:
@@ -171,6 +182,8 @@ class ResourceStatus(Protocol):
 
     @property
     def connected(self) -> bool: ...
+
+    def sorted_ids(self) -> list[str]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
@@ -53,9 +52,8 @@ def _plugin_view(state: ResourceStatus) -> PluginView:
 def resource_view(
     state: ResourceStatus, counts: ResourceCounts, holders: Holders, device_limit: int | None = None
 ) -> ResourceView:
-    ids = state.all_devices
-    # Under a limit, the first few in order without sorting them all (limit=0, a count poll, costs nothing per device).
-    shown = heapq.nsmallest(device_limit, ids) if device_limit is not None and device_limit < len(ids) else sorted(ids)
+    ids = state.sorted_ids()
+    shown = ids[:device_limit] if device_limit is not None else ids
     devices = []
     for device_id in shown:
         device = state.all_devices[device_id]

@@ -43,8 +43,8 @@ def test_holder_of_a_device() -> None:
     """TestGetPodAndContainerForDevice."""
     pds = PodDevices()
     pds.insert(make_allocation("pod1", "c", "r", {0: ("dev1",)}, resp()))
-    assert pds.holder_map()[("r", "dev1")] == ("pod1", "c")
-    assert ("r", "unknown") not in pds.holder_map()
+    assert pds.holder("r", "dev1") == ("pod1", "c")
+    assert pds.holder("r", "unknown") is None and pds.holder("other", "dev1") is None
 
 
 def test_shared_device_is_shown_held_by_the_smallest_container_name() -> None:
@@ -52,10 +52,49 @@ def test_shared_device_is_shown_held_by_the_smallest_container_name() -> None:
     pds.insert(make_allocation("p", "setup", "r", {0: ("d1", "d2")}, resp()))  # a regular init container
     pds.insert(make_allocation("p", "app", "r", {0: ("d1",)}, resp()))  # reuses d1
     pds.insert(make_allocation("p", "zz", "r", {0: ("d2",)}, resp()))  # reuses d2
-    assert pds.holder_map() == {("r", "d1"): ("p", "app"), ("r", "d2"): ("p", "setup")}
+    assert (pds.holder("r", "d1"), pds.holder("r", "d2")) == (("p", "app"), ("p", "setup"))
     assert pds.holders("r", "d2") == {("p", "setup"), ("p", "zz")}
     pds.remove_pod("p")
-    assert pds.holder_map() == {} and pds.holders("r", "d1") == set()
+    assert pds.holder("r", "d1") is None and pds.holders("r", "d1") == set() and pds.allocated("r") == set()
+
+
+# (insert or remove, pod, container, resource, devices): few names, so entries replace and share devices often
+HOLDER_CHANGES = st.tuples(
+    st.booleans(),
+    st.sampled_from("pq"),
+    st.sampled_from(["c1", "c2", "c3"]),
+    st.sampled_from(["a", "b"]),
+    st.frozensets(st.sampled_from(["d1", "d2", "d3"]), max_size=3),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(HOLDER_CHANGES, max_size=40))
+def test_the_holder_index_agrees_with_walking_every_entry(
+    changes: list[tuple[bool, str, str, str, frozenset[str]]],
+) -> None:
+    """The index kept on each insert and removal (one holder, or a set of several) against the entries walked: who
+    holds each device, which one the views show (the smallest pair), what is allocated and how many."""
+    pds = PodDevices()
+    for insert, pod, container, resource, devices in changes:
+        if insert:
+            pds.insert(make_allocation(pod, container, resource, {0: tuple(sorted(devices))}, resp()))
+        else:
+            pds.remove_pod(pod)
+        walked: dict[tuple[str, str], set[tuple[str, str]]] = {}
+        for uid in pds.pods():
+            for allocation in pds.allocations(uid):
+                for device_id in allocation.device_ids:
+                    walked.setdefault((allocation.resource, device_id), set()).add((uid, allocation.container))
+        for resource in ("a", "b"):
+            held = {device for (r, device) in walked if r == resource}
+            assert pds.allocated(resource) == held and pds.allocated_count(resource) == len(held)
+            for device_id in ("d1", "d2", "d3", "d4"):
+                expected = walked.get((resource, device_id), set())
+                assert pds.holders(resource, device_id) == expected
+                assert pds.holder(resource, device_id) == (min(expected) if expected else None)
+                assert pds.holds(resource, device_id) == bool(expected)
+        assert pds.devices() == {r: {d for (rr, d) in walked if rr == r} for r in {r for r, _ in walked}}
 
 
 def test_run_options_of_unknown_container_is_none_and_cdi_merged() -> None:

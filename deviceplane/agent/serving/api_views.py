@@ -34,7 +34,7 @@ class ApiViews:
     ) -> None:
         # owners / pod_list: where they come from when the agent does not allocate (proxy mode: the kubelet's
         # PodResources); by default the agent's own allocations and pod table.
-        self._owners = owners
+        self._holders = owners or AllocationHolders(pod_devices, table)
         self._pod_list = pod_list
         self._registry = registry
         self._table = table
@@ -62,7 +62,7 @@ class ApiViews:
         return devices_status(
             self._registry,
             agent,
-            holders=self._owners or AllocationHolders(self._pod_devices, self._table),
+            holders=self._holders,
             device_limit=device_limit,
             resource_filter=(lambda name: name == resource) if resource else None,
             conditions=self._conditions,

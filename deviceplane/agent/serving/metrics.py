@@ -50,7 +50,7 @@ class DeviceStateCollector(Collector):
         )
         for state in self._registry.statuses():
             name = state.name
-            for device_id in sorted(state.all_devices):
+            for device_id in state.sorted_ids():
                 health.add_metric([self._node, name, device_id], 1.0 if device_id in state.healthy else 0.0)
             devices.add_metric([self._node, name, "healthy"], len(state.healthy))
             devices.add_metric([self._node, name, "unhealthy"], len(state.unhealthy))
