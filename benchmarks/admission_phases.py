@@ -27,7 +27,12 @@ virtio-blk: one queue, its interrupt on one CPU) completes a write issued elsewh
 wake-up. So the admissions' writes are also split by the CPU they were issued on, and the floor's write is timed
 pinned to each CPU in turn, beside the CPUs the filesystem's disk interrupts (from /proc/irq).
 
-    python benchmarks/admission_phases.py [--rounds 3] [--pods 1000]
+With `--fine`, more of the agent's methods are wrapped (each mark adds its ~0.6 us), and the median of every step
+between consecutive marks is printed too, from the debug entry handing the pod over to the admission's task ending:
+where inside the agent's own steps the time goes (the pod's record and task, device choice, the metrics, the
+allocator's commit, the journal record, the settling).
+
+    python benchmarks/admission_phases.py [--rounds 3] [--pods 1000] [--fine]
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import itertools
 import json
 import os
 import statistics
@@ -75,12 +81,35 @@ PHASES = (
     ("written", "end", "settling: the future resolved, the pod reported admitted"),
 )
 
+# --fine: every mark, in the order an admission reads them, with what the step up to it does.
+FINE_MARKS = (
+    ("handed", "the entry hands the pod over (AdmissionRunner.pod_set)"),
+    ("recorded", "the pod recorded and its admission task made"),
+    ("start", "the task's first step (a loop iteration)"),
+    ("call", "pod checks, device choice, reservation"),
+    ("sent", "request built, framed and written to the plugin's socket"),
+    ("arrived", "waiting for the plugin's answer"),
+    ("returned", "frames parsed, the call's task woken, message parsed"),
+    ("counted", "the Allocate's metrics (duration, result)"),
+    ("commit", "back in the admission plan"),
+    ("committed", "Allocator.commit: the entry made (its response serialized) and indexed, the reservation freed"),
+    ("planned", "the plan finishes, PreStartContainer calls listed (none here)"),
+    ("journal", "the pod committed, its allocations listed"),
+    ("write", "the journal record encoded, the write prepared"),
+    ("written", "durable write: one pwritev with RWF_DSYNC"),
+    ("settled", "the write's duration observed, its future resolved"),
+    ("admitted", "back in the admission, the admission histogram"),
+    ("end", "the pod reported admitted"),
+    ("ending", "the admission's task ends (its waiters, the debug entry's answer among them, are told next)"),
+)
+
 
 # ---- the hooked agent (runs in the agent's process) --------------------------------------------------------------
 
 
-def hooked_agent(out: str, argv: list[str]) -> int:
-    """Run the agent with clock readings noted at the phase boundaries, written to `out` when it exits."""
+def hooked_agent(out: str, argv: list[str], fine: bool = False) -> int:
+    """Run the agent with clock readings noted at the phase boundaries (`fine`: at every FINE_MARKS step), written to
+    `out` when it exits."""
     from deviceplane.agent.admission.admitter import Admitter
     from deviceplane.agent.plugins.plugin_client import PluginClient
     from deviceplane.agent.state.journal import Journal
@@ -91,11 +120,12 @@ def hooked_agent(out: str, argv: list[str]) -> int:
     note = marks.append
     clock = time.perf_counter_ns
 
-    def around_async(cls: type, name: str, before: str, after: str) -> None:
+    def around_async(cls: type, name: str, before: str | None, after: str) -> None:
         original = getattr(cls, name)
 
         async def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
-            note((before, clock()))
+            if before is not None:
+                note((before, clock()))
             try:
                 return await original(self, *args, **kwargs)
             finally:
@@ -133,6 +163,30 @@ def hooked_agent(out: str, argv: list[str]) -> int:
             note(("written", clock()))
 
     Journal._durable_write = noted_write  # type: ignore[method-assign]
+    if fine:
+        from deviceplane.agent.admission import admitter as admitter_module
+        from deviceplane.agent.admission.plugin_calls import PluginCalls
+        from deviceplane.agent.admission.runner import AdmissionRunner
+        from deviceplane.agent.state.durability import AllocationStore
+        from deviceplane.core import admission_plan
+        from deviceplane.core.allocator import Allocator
+        from deviceplane.core.pod_table import PodRecord
+
+        around_sync(AdmissionRunner, "pod_set", "handed", "recorded")
+        around_async(PluginCalls, "allocate", None, "counted")
+        around_sync(Allocator, "commit", "commit", "committed")
+        around_sync(AllocationStore, "allocated", "journal", "settled")
+        around_sync(PodRecord, "admitted", "admitted", None)
+        around_sync(AdmissionRunner, "_ended", "ending", None)
+        listed = admission_plan.pre_start_calls  # the admitter calls the name it imported from here
+
+        def noted_pre_start_calls(*args: Any) -> Any:
+            try:
+                return listed(*args)
+            finally:
+                note(("planned", clock()))
+
+        admitter_module.pre_start_calls = noted_pre_start_calls  # type: ignore[attr-defined,assignment]
     try:
         return main(argv)
     finally:
@@ -162,6 +216,25 @@ def phases_of(marks: list[tuple[str, int]]) -> tuple[dict[str, list[float]], lis
     return phases, totals, writes_by_cpu
 
 
+def steps_of(marks: list[tuple[str, int]]) -> dict[str, list[float]]:
+    """--fine: per step between consecutive FINE_MARKS, the seconds of each admission that has every mark in order
+    (the first reading of each kind counts, from the pod handed over)."""
+    kinds = [kind for kind, _ in FINE_MARKS]
+    steps: dict[str, list[float]] = {kind: [] for kind in kinds[1:]}
+    seen: dict[str, int] | None = None
+    for kind, ns in marks:
+        if kind == "handed":
+            seen = {"handed": ns}
+        elif seen is not None and kind in kinds and kind not in seen:
+            seen[kind] = ns
+            if kind == "ending":
+                if all(k in seen for k in kinds) and [seen[k] for k in kinds] == sorted(seen.values()):
+                    for before, after in itertools.pairwise(kinds):
+                        steps[after].append((seen[after] - seen[before]) / 1e9)
+                seen = None
+    return steps
+
+
 def _in_order(seen: dict[str, int]) -> bool:
     readings = [seen[k] for k in MARKS]
     return readings == sorted(readings)
@@ -171,22 +244,24 @@ def _in_order(seen: dict[str, int]) -> bool:
 
 
 class HookedAgentSide(AgentSide):
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, fine: bool = False) -> None:
         super().__init__(work)
         self.marks_file = work / "marks.json"
+        self.fine = fine
 
     def argv(self) -> list[str]:
         plain = super().argv()
-        return [plain[0], __file__, "--hooked-agent", str(self.marks_file), "--", *plain[3:]]
+        hooks = ["--hooked-agent", str(self.marks_file), *(["--fine"] if self.fine else [])]
+        return [plain[0], __file__, *hooks, "--", *plain[3:]]
 
 
 def us(seconds: float) -> str:
     return f"{seconds * 1e6:7.0f}"
 
 
-def run(rounds: int, pods: int) -> None:
+def run(rounds: int, pods: int, fine: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="phases-") as tmp:
-        side = HookedAgentSide(Path(tmp))
+        side = HookedAgentSide(Path(tmp), fine)
         side.plugin_dir.mkdir(parents=True)
         sims = [start_sim(side, PLAIN, MEASURED_DEVICES, 2, "--no-preferred-allocation", "--no-pre-start")]
         client: list[float] = []
@@ -213,9 +288,12 @@ def run(rounds: int, pods: int) -> None:
         finally:
             stop_procs(sims)
             side.stop()
-        phases, totals, writes_by_cpu = phases_of(json.loads(side.marks_file.read_text()))
+        marks = json.loads(side.marks_file.read_text())
+        phases, totals, writes_by_cpu = phases_of(marks)
         interrupts = completion_interrupts(side.work)
     report(phases, totals, client, inside, {k: statistics.median(v) for k, v in floors.items()})
+    if fine:
+        report_steps(steps_of(marks))
     report_cpus(writes_by_cpu, {cpu: statistics.median(floors[f"cpu {cpu}"]) for cpu in cpus}, interrupts)
 
 
@@ -280,6 +358,17 @@ def report(
     print(f"{us(sum_floor)}   floor (round trip + fdatasync); durationNs p50 = {median(inside) / sum_floor:.2f}x floor")
 
 
+def report_steps(steps: dict[str, list[float]]) -> None:
+    counted = len(next(iter(steps.values())))
+    print()
+    print(f"--fine: every step, {counted} admissions with every mark in order (the marks add ~0.6 us each)")
+    print(f"{'us (p50)':>8}  step (up to the mark)")
+    for kind, label in FINE_MARKS[1:]:
+        print(f"{us(statistics.median(steps[kind])) if steps[kind] else '      -'}   {label}  [{kind}]")
+    total = sum(statistics.median(v) for v in steps.values() if v)
+    print(f"{us(total)}   the steps' medians summed (handed over -> the task ends)")
+
+
 def report_cpus(
     writes_by_cpu: dict[int, list[float]], floor_by_cpu: dict[int, float], interrupts: list[tuple[str, str]]
 ) -> None:
@@ -298,14 +387,17 @@ def report_cpus(
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--hooked-agent":
         out, rest = sys.argv[2], sys.argv[3:]
-        raise SystemExit(hooked_agent(out, rest[1:] if rest[:1] == ["--"] else rest))
+        fine = rest[:1] == ["--fine"]
+        rest = rest[1:] if fine else rest
+        raise SystemExit(hooked_agent(out, rest[1:] if rest[:1] == ["--"] else rest, fine))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of --pods admissions [3]")
     parser.add_argument("--pods", type=int, default=1000, help="admissions per round, at most 1,024 [1000]")
+    parser.add_argument("--fine", action="store_true", help="mark every step of the agent's own work too")
     args = parser.parse_args()
     if not 0 < args.pods <= MEASURED_DEVICES:
         parser.error(f"--pods must be 1..{MEASURED_DEVICES} (one device each, released after each round)")
-    run(args.rounds, args.pods)
+    run(args.rounds, args.pods, args.fine)
 
 
 if __name__ == "__main__":
