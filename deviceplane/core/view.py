@@ -52,8 +52,13 @@ def _plugin_view(state: ResourceStatus) -> PluginView:
 def resource_view(
     state: ResourceStatus, counts: ResourceCounts, holders: Holders, device_limit: int | None = None
 ) -> ResourceView:
-    ids = state.sorted_ids()
-    shown = ids[:device_limit] if device_limit is not None else ids
+    if device_limit == 0:  # a count poll: nothing listed, nothing sorted (it follows every registration)
+        shown: list[str] = []
+        truncated = bool(state.all_devices)
+    else:
+        ids = state.sorted_ids()
+        shown = ids[:device_limit] if device_limit is not None else ids
+        truncated = len(shown) < len(ids)
     devices = []
     for device_id in shown:
         device = state.all_devices[device_id]
@@ -75,7 +80,7 @@ def resource_view(
         allocated=holders.allocated_count(state.name),
         plugin=_plugin_view(state),
         devices=devices,
-        devicesTruncated=len(shown) < len(ids),
+        devicesTruncated=truncated,
     )
 
 

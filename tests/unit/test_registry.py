@@ -240,18 +240,27 @@ def test_registered_healthy_lists_are_shared_until_the_devices_change() -> None:
     assert reg.registered_healthy() == {"r/x": []}
 
 
-@given(st.lists(st.sets(st.sampled_from(["d10", "d2", "d1", "a", "B", "é"]), max_size=6), min_size=1, max_size=8))
-def test_the_sorted_ids_follow_every_snapshot_and_are_sorted_once_per_change(snapshots: list[set[str]]) -> None:
-    """The views list devices by ID from a list sorted once per snapshot shown: it is every shown ID in plain string
-    order after each snapshot (an unchanged resend keeps the same list), and stays so once the plugin is gone."""
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from(["d10", "d2", "d1", "a", "B", "é"]), st.sampled_from(["Healthy", "Unhealthy"])),
+        min_size=1,
+        max_size=8,
+    )
+)
+def test_the_sorted_ids_follow_every_snapshot_and_are_sorted_once_per_change_of_ids(
+    snapshots: list[dict[str, str]],
+) -> None:
+    """The views list devices by ID from a list sorted once per change of the IDs: it is every shown ID in plain
+    string order after each snapshot; a snapshot with the same IDs in the same order (a health change, or a resend)
+    keeps the very list; and it stays so once the plugin is gone."""
     reg = DeviceRegistry(GRACE)
     reg.plugin_connected("r/x", "/s", OPTS, 0)
     (state,) = reg.statuses()
-    for ids in snapshots:
-        before = state.sorted_ids()
-        changed = reg.apply_snapshot("r/x", "/s", [Device(i, "Healthy") for i in sorted(ids)]).changed
-        assert state.sorted_ids() == sorted(ids) == sorted(reg.devices("r/x"))
-        assert (state.sorted_ids() is before) == (not changed)
+    for shown in snapshots:
+        before, ids_before = state.sorted_ids(), tuple(reg.devices("r/x"))
+        reg.apply_snapshot("r/x", "/s", [Device(i, health) for i, health in shown.items()])
+        assert state.sorted_ids() == sorted(shown) == sorted(reg.devices("r/x"))
+        assert (state.sorted_ids() is before) == (tuple(shown) == ids_before)
     reg.plugin_disconnected("r/x", "/s", 1.0)
     assert state.sorted_ids() == sorted(snapshots[-1])
 
