@@ -124,6 +124,13 @@ def checkpoint_entries(agent: AgentProcess, uid: str) -> dict[str, tuple[set[str
     return found or None
 
 
+def held_devices(agent: AgentProcess) -> int:
+    """The resource's devices held by some container (`allocatable` counts the healthy ones, held or not)."""
+    resource = agent.resource(RESOURCE)
+    assert resource is not None
+    return int(resource["allocated"])
+
+
 counter = iter(range(1_000_000))
 
 
@@ -177,9 +184,11 @@ def test_whatever_a_plugin_answers_the_pod_settles_cleanly(
         assert str(answer["reason"]).startswith("no containers return in allocation response"), answer
         listed = listed_devices(pod_resources.list())
         assert not [key for key in listed if key[1] == name], listed
+        assert held_devices(agent) == 0, "the refused pod holds a device"
         post(port, "/debug/v1/remove", {"uid": uid})
 
-    assert agent.counts(RESOURCE) == (4, 4), "a device is still held"
+    assert held_devices(agent) == 0, "a device is still held"
+    assert agent.counts(RESOURCE) == (4, 4), "a device is no longer healthy"
     log = agent.log()
     assert "admission failed unexpectedly" not in log and "Traceback" not in log, log[-3000:]
     assert_live(agent)
