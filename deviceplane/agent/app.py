@@ -248,7 +248,7 @@ class Agent:
         self._pod_resources = PodResourcesServer(
             PodResourcesServicer(self.pods, self.pod_devices, self.registry), config.pod_resources_socket
         )
-        routes = api_routes(self.views.devices, self.views.pods, self.metrics.prometheus, self._health, self._readiness)
+        routes = api_routes(self.views.devices, self.views.pods, self.metrics.exposition, self._health, self._readiness)
         if debug_faults_enabled():
             routes.update(fault_routes(self.supervisor))
         self._http = LeanHttpServer(routes)

@@ -4,6 +4,7 @@ grace period (expiry is the timer's job). In-process, the objects as the composi
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 from deviceplane.agent.app import Agent, AgentConfig
@@ -22,13 +23,13 @@ async def test_devices_view_does_not_expire_resources(tmp_path: Path) -> None:
     agent = agent_in(tmp_path, grace_period=0.0)
     agent.manager.restore(CheckpointData(PodDeviceEntries=None, RegisteredDevices={RES: []}))
     await asyncio.sleep(0.01)  # the restored resource is now past its (zero) grace period
-    first = agent.views.devices()
-    second = agent.views.devices()
+    first = json.loads(agent.views.devices())
+    second = json.loads(agent.views.devices())
     assert [r["name"] for r in first["resources"]] == [RES]
     assert second["resources"] == first["resources"]
     assert agent.registry.resource(RES) is not None
     assert not (tmp_path / "dp" / CHECKPOINT_NAME).exists()  # no checkpoint write was asked for
     # The timer's step deletes it.
     assert agent.manager.expire() == (RES,)
-    assert agent.views.devices()["resources"] == []
+    assert json.loads(agent.views.devices())["resources"] == []
     await agent.manager.stop()

@@ -109,6 +109,42 @@ def test_a_second_answer_to_a_request_is_dropped() -> None:
     assert [(status, body) for status, _, body in answers] == [(200, b'{"first":1}'), (200, b'{"first":1}')]
 
 
+def test_a_large_body_arrives_whole_between_small_answers_on_one_connection() -> None:
+    """Bodies over 64 KiB go after their head, as a view the transport slices (the /metrics of a node with many
+    devices): pipelined with small answers and a HEAD, each arrives whole, framed by its Content-Length, in order."""
+    large = bytes(range(256)) * (3 << 12) + b"end"  # 3 MiB and a tail: more than the socket takes at once
+
+    async def scenario() -> bytes:
+        def big(_request: Request, respond: Respond) -> None:
+            respond(200, large, b"text/plain")
+
+        def small(_request: Request, respond: Respond) -> None:
+            respond(200, b'{"small":1}', JSON)
+
+        server = LeanHttpServer({("GET", "/big"): big, ("GET", "/small"): small})
+        await server.start("127.0.0.1:0")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(
+                b"GET /small HTTP/1.1\r\n\r\nGET /big HTTP/1.1\r\n\r\nHEAD /big HTTP/1.1\r\n\r\n"
+                b"GET /big HTTP/1.1\r\n\r\nGET /small HTTP/1.1\r\nConnection: close\r\n\r\n"
+            )
+            received = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            return received
+        finally:
+            await server.close()
+
+    answers = responses(asyncio.run(scenario()))
+    assert [(status, fields[b"content-length"], body) for status, fields, body in answers] == [
+        (200, b"11", b'{"small":1}'),
+        (200, str(len(large)).encode(), large),
+        (200, str(len(large)).encode(), b""),
+        (200, str(len(large)).encode(), large),
+        (200, b"11", b'{"small":1}'),
+    ]
+
+
 def test_keep_alive_serves_many_requests_on_one_connection(agent: AgentProcess) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=10)
     try:

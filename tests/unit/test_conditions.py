@@ -3,6 +3,8 @@ when their status does; `/api/v1/devices` (ApiViews) serves them as NodeDevices 
 
 from __future__ import annotations
 
+import json
+
 from deviceplane.agent.serving.api_views import ApiViews
 from deviceplane.api.models import Condition
 from deviceplane.core.conditions import (
@@ -120,20 +122,20 @@ def test_api_devices_reports_the_node_conditions_also_for_one_resource() -> None
     now = [1_000_000.0]
     views = ApiViews(registry, PodTable(), PodDevices(), "n", wall_clock=lambda: now[0])
 
-    first = views.devices()["conditions"]
+    first = json.loads(views.devices())["conditions"]
     assert [(c["type"], c["status"], c["message"]) for c in first] == [
         ("PluginsConnected", "True", "2 of 2 plugins connected"),
         ("DevicesHealthy", "False", f"{NIC}: 1 of 1 unhealthy"),
     ]
     now[0] += 5
-    only_gpu = views.devices({"resource": GPU})
+    only_gpu = json.loads(views.devices({"resource": GPU}))
     assert [r["name"] for r in only_gpu["resources"]] == [GPU]
     assert only_gpu["conditions"] == first  # node-wide, times kept
     registry.plugin_disconnected(GPU, "/example.com-gpu.sock", 2.0)
     now[0] += 5
-    connected = views.devices()["conditions"][0]
+    connected = json.loads(views.devices())["conditions"][0]
     assert (connected["status"], connected["lastTransitionTime"]) == ("False", rfc3339(now[0]))
     assert first[0]["lastTransitionTime"] == rfc3339(now[0] - 10)
-    healthy = views.devices()["conditions"][1]  # still False: its time kept, its message says more
+    healthy = json.loads(views.devices())["conditions"][1]  # still False: its time kept, its message says more
     assert (healthy["status"], healthy["lastTransitionTime"]) == ("False", first[1]["lastTransitionTime"])
     assert healthy["message"] == f"{GPU}: 1 of 1 unhealthy; {NIC}: 1 of 1 unhealthy"

@@ -43,8 +43,9 @@ class ApiViews:
         self._wall_clock = wall_clock
         self._conditions = ConditionTimes()  # the view's: transition times kept while the agent runs
 
-    def devices(self, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """`/api/v1/devices`: `limit` and `resource` from the query (others ignored); HttpError 400 for a bad limit."""
+    def devices(self, query: Mapping[str, str] | None = None) -> bytes:
+        """`/api/v1/devices`' JSON body: `limit` and `resource` from the query (others ignored); HttpError 400 for a bad
+        limit."""
         query = query or {}
         limit = None
         if "limit" in query:
@@ -52,7 +53,9 @@ class ApiViews:
             if not re.fullmatch(r"[0-9]{1,9}", query["limit"]):
                 raise HttpError(400, f"limit must be an integer from 0 to 999999999, got {query['limit']!r}")
             limit = int(query["limit"])
-        return self.status(limit, query.get("resource")).model_dump(mode="json")
+        # pydantic's own serializer writes the JSON: for every device of 10 x 10,000 that took the loop ~30 ms, against
+        # ~200 ms through model_dump and json.dumps (benchmarks/scrape.py --agent --paths /api/v1/devices)
+        return self.status(limit, query.get("resource")).model_dump_json().encode()
 
     def status(self, device_limit: int | None = None, resource: str | None = None) -> DevicesStatus:
         """The devices model (also NodeDevices.status): at most `device_limit` devices per resource, and the node's

@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from deviceplane.agent.serving.lean_http import TEXT, Request, Respond, Route
 
@@ -23,23 +23,23 @@ def json_body(payload: Any) -> bytes:
 
 
 def api_routes(
-    devices: Callable[[Mapping[str, str]], Any],
+    devices: Callable[[Mapping[str, str]], bytes],
     pods: Callable[[], Any],
-    metrics: CollectorRegistry,
+    metrics: Callable[[], bytes],
     health: Check,
     ready: Check,
 ) -> dict[tuple[str, str], Route]:
-    """`devices` gets the query's parameters and raises lean_http.HttpError for a bad one; `health`/`ready` return
-    None when fine, else the reason (served with 503)."""
+    """`devices` gets the query's parameters, returns the JSON body and raises lean_http.HttpError for a bad one;
+    `metrics` returns the exposition text; `health`/`ready` return None when fine, else the reason (served with 503)."""
 
     def get_devices(request: Request, respond: Respond) -> None:
-        respond(200, json_body(devices(request.params())))
+        respond(200, devices(request.params()))
 
     def get_pods(_request: Request, respond: Respond) -> None:
         respond(200, json_body(pods()))
 
     def get_metrics(_request: Request, respond: Respond) -> None:
-        respond(200, generate_latest(metrics), _METRICS_CONTENT_TYPE)
+        respond(200, metrics(), _METRICS_CONTENT_TYPE)
 
     return {
         ("GET", "/api/v1/devices"): get_devices,

@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.serving.device_health_text import DeviceHealthText
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.durations import BucketedDurations
@@ -35,11 +36,7 @@ class DeviceStateCollector(Collector):
         self._allocated = allocated
 
     def collect(self) -> Iterator[Metric]:
-        health = GaugeMetricFamily(
-            "deviceplane_device_health",
-            "Device health as the agent sees it: 1 healthy, 0 unhealthy (or its plugin disconnected).",
-            labels=["node", "resource_name", "device_id"],
-        )
+        # deviceplane_device_health, a series per device, is written by DeviceHealthText
         devices = GaugeMetricFamily(
             "deviceplane_devices", "Devices by state.", labels=["node", "resource_name", "state"]
         )
@@ -50,8 +47,6 @@ class DeviceStateCollector(Collector):
         )
         for state in self._registry.statuses():
             name = state.name
-            for device_id in state.sorted_ids():
-                health.add_metric([self._node, name, device_id], 1.0 if device_id in state.healthy else 0.0)
             devices.add_metric([self._node, name, "healthy"], len(state.healthy))
             devices.add_metric([self._node, name, "unhealthy"], len(state.unhealthy))
             devices.add_metric([self._node, name, "allocated"], self._allocated(name))
@@ -59,7 +54,7 @@ class DeviceStateCollector(Collector):
         tasks = GaugeMetricFamily("deviceplane_agent_asyncio_tasks", "asyncio tasks alive in the agent (leak check).")
         with contextlib.suppress(RuntimeError):  # scraped outside the loop thread: leave it empty
             tasks.add_metric([], len(asyncio.all_tasks()))
-        yield from (health, devices, connected, tasks)
+        yield from (devices, connected, tasks)
 
 
 class AgentMetrics:
@@ -103,6 +98,7 @@ class AgentMetrics:
             registry=self.prometheus,
         )
         self.prometheus.register(DeviceStateCollector(registry, node, allocated))
+        self._device_health = DeviceHealthText(registry, node)
         self._admissions: dict[tuple[str, ...], BucketedDurations] = {
             (result,): BucketedDurations(ADMISSION_BUCKETS) for result in ADMISSION_RESULTS
         }
@@ -119,6 +115,10 @@ class AgentMetrics:
         self._alloc_durations: dict[str, Histogram] = {}
         self._allocation_counts: dict[tuple[str, AllocationResult], Counter] = {}
         self._allocation_count("", AllocationResult.INTERNAL)
+
+    def exposition(self) -> bytes:
+        """What `/metrics` serves: every family in the text format, the per-device health first."""
+        return self._device_health.text() + generate_latest(self.prometheus)
 
     def observe_admission(self, admitted: bool, seconds: float) -> None:
         self._admissions[("admitted",) if admitted else ("failed",)].observe(seconds)
