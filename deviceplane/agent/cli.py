@@ -12,6 +12,7 @@ from deviceplane.agent.busy_poll import BUSY_POLL_SECONDS, BusyPoll
 from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_POD_RESOURCES_SOCKET
+from deviceplane.core.names import is_utf8
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS
 
 TOPOLOGY_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
@@ -202,10 +203,13 @@ def run(args: argparse.Namespace) -> int:
     standalone = args.standalone or (args.kubeconfig is None and not in_cluster())
     if standalone and args.require_apiserver:
         raise SystemExit("deviceplane agent: --require-apiserver needs --kubeconfig or an in-cluster config")
+    node_name = args.node_name or default_node_name()
+    if not is_utf8(node_name):  # argv and the environment keep bytes that are not UTF-8 as lone surrogates
+        raise SystemExit(f"deviceplane agent: the node name must be UTF-8 text, got {node_name!r}")
     config = AgentConfig(
         plugin_dir=args.plugin_dir.absolute(),
         pod_resources_socket=args.pod_resources_socket.absolute(),
-        node_name=args.node_name or default_node_name(),
+        node_name=node_name,
         grace_period=args.grace_period,
         http_addr=args.http_addr,
         plugins_registry_dir=args.plugins_registry_dir.absolute() if args.plugins_registry_dir else None,

@@ -63,6 +63,16 @@ def _is_qualified_name(value: str) -> bool:
     return 0 < len(name) <= _QUALIFIED_NAME_PART_MAX_LENGTH and _QUALIFIED_NAME_PART.fullmatch(name) is not None
 
 
+def is_utf8(text: str) -> bool:
+    """False for text holding lone surrogates: what Python makes of bytes that are not UTF-8 in a file name
+    (os.fsdecode, os.scandir), argv or the environment. Neither protobuf nor UTF-8 JSON can carry it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def is_supported_version(version: str) -> bool:
     return version in SUPPORTED_VERSIONS
 

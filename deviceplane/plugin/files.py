@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from deviceplane.aio import cancel_and_wait
+from deviceplane.core.names import is_utf8
 from deviceplane.plugin.models import Allocation, Device, Mount
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.supervise import keep_running
@@ -54,7 +55,7 @@ def list_devices(directory: Path, warned: set[str]) -> list[Device]:
             present.add(entry.name)
             if entry.name.startswith(".") or not _is_regular_file(entry):
                 continue
-            if not _is_utf8(entry.name):
+            if not is_utf8(entry.name):
                 _warn_once(warned, entry.name, "%r: the name is not valid UTF-8; not offered", os.fsencode(entry.path))
                 continue
             if not os.access(entry.path, os.R_OK):
@@ -72,15 +73,6 @@ def _is_regular_file(entry: os.DirEntry[str]) -> bool:
         return entry.is_file()  # follows symlinks: a link to a regular file counts
     except OSError:
         return False
-
-
-def _is_utf8(name: str) -> bool:
-    # os.scandir decodes undecodable bytes to lone surrogates, which protobuf cannot encode.
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _warn_once(warned: set[str], name: str, message: str, *args: object) -> None:

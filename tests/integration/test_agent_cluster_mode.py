@@ -5,6 +5,7 @@ real API server is tested in tests/e2e/test_cluster_agent.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -61,6 +62,10 @@ def test_bad_flags_and_kubeconfig_are_refused(short_tmp: Path) -> None:
     assert result.returncode != 0 and "--standalone and --kubeconfig exclude each other" in result.stderr
     result = run_agent(short_tmp, "--require-apiserver")  # no kubeconfig, not in a cluster
     assert result.returncode != 0 and "--require-apiserver needs --kubeconfig" in result.stderr
+    # bytes that are not UTF-8 reach Python as lone surrogates (argv, $NODE_NAME): no metric or JSON could carry them
+    result = run_agent(short_tmp, "--standalone", "--node-name", os.fsdecode(b"node-\xff"))
+    assert result.returncode != 0 and "the node name must be UTF-8 text, got 'node-\\udcff'" in result.stderr
+    assert not (short_tmp / "dp" / "kubelet.sock").exists()
 
 
 class ClusterModeAgent(AgentProcess):

@@ -277,3 +277,26 @@ def test_a_request_slower_to_arrive_than_the_request_timeout_is_answered_408_and
     assert 0.3 <= elapsed < 1.5
     assert late.startswith(b"HTTP/1.1 200 OK")
     assert whole.endswith(b"{}")
+
+
+def test_a_static_pod_file_whose_name_is_not_utf8_is_listed(tmp_path: Path) -> None:
+    """os.scandir keeps such a name's bytes as lone surrogates, which UTF-8 JSON cannot carry: /api/v1/pods still
+    answers, the name's byte as a \\u escape, and the pod beside it is listed as usual."""
+    pods = tmp_path / "pods"
+    pods.mkdir()
+    manifest = (
+        b"apiVersion: v1\nkind: Pod\nmetadata: {name: %s, namespace: default, uid: %s}\n"
+        b"spec: {containers: [{name: c, image: x}]}\n"
+    )
+    (pods / "plain.yaml").write_bytes(manifest % (b"plain", b"u-plain"))
+    with open(os.fsencode(pods) + b"/odd-\xff.yaml", "wb") as odd:
+        odd.write(manifest % (b"odd", b"u-odd"))
+    agent = AgentProcess(tmp_path, "--pod-manifest-dir", str(pods), "--startup-plugin-wait", "0s").start()
+    try:
+        listed = wait_for(lambda: (found := agent.get("/api/v1/pods")) and len(found) == 2 and found, what="both pods")
+        assert sorted((pod["name"], pod["source"], pod["admitted"]) for pod in listed) == [
+            ("odd", "file:odd-\udcff.yaml", True),
+            ("plain", "file:plain.yaml", True),
+        ]
+    finally:
+        agent.kill()

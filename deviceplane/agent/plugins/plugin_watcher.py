@@ -29,6 +29,7 @@ from deviceplane.core.names import (
     any_supported_version,
     invalid_plugin_name_error,
     is_extended_resource_name,
+    is_utf8,
     plugin_versions_unsupported_error,
 )
 
@@ -47,15 +48,6 @@ class Registered:
     resource: str
     endpoint: str
     mtime_ns: int
-
-
-def is_utf8(path: str) -> bool:
-    """False for a name read from the file system that is not UTF-8 (os.fsdecode kept its bytes as surrogates)."""
-    try:
-        path.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def is_plugin_socket(path: Path) -> bool:
