@@ -125,7 +125,7 @@ class HeapKeeper:
             )
         )
         # Counted at each settle, not per scrape: gc.get_freeze_count() walks every frozen object (~8 ns each; ~7 ms
-        # of a scrape's time on the loop with 10 x 10,000 devices registered, benchmarks/scrape.py --agent).
+        # of a scrape's time on the loop with 10 x 10,000 devices registered, benchmarks/reads.py --agent).
         self._frozen_objects = Gauge(
             "deviceplane_agent_gc_frozen_objects",
             "Objects frozen out of the collector's generations, counted at the last heap settle (skipped by its "

@@ -13,7 +13,10 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.pluginregistration.v1 import api_pb2 as reg_pb
 from deviceplane.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
+
+POD_RESOURCES_SERVICE = "v1.PodResourcesLister"
 
 
 class RegistrationStub(Protocol):
@@ -53,7 +56,28 @@ def add_plugin_watcher_registration(servicer: reg_grpc.RegistrationServicer, ser
 
 
 def add_pod_resources(servicer: pr_grpc.PodResourcesListerServicer, server: grpc.aio.Server) -> None:
-    pr_grpc.add_PodResourcesListerServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    """As the generated `add_PodResourcesListerServicer_to_server`, except that `List` and `GetAllocatableResources`
+    answer with their responses already serialized (bytes): the agent keeps each pod's and each resource's part of
+    them encoded."""
+    handlers = {
+        "List": grpc.unary_unary_rpc_method_handler(
+            servicer.List,
+            request_deserializer=pr.ListPodResourcesRequest.FromString,
+            response_serializer=bytes,  # the bytes as they are
+        ),
+        "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+            servicer.GetAllocatableResources,
+            request_deserializer=pr.AllocatableResourcesRequest.FromString,
+            response_serializer=bytes,
+        ),
+        "Get": grpc.unary_unary_rpc_method_handler(
+            servicer.Get,
+            request_deserializer=pr.GetPodResourcesRequest.FromString,
+            response_serializer=pr.GetPodResourcesResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(POD_RESOURCES_SERVICE, handlers),))
+    server.add_registered_method_handlers(POD_RESOURCES_SERVICE, handlers)  # type: ignore[attr-defined]  # grpc-stubs lag
 
 
 # grpc-stubs makes ServicerContext generic in (request, response); servicers here accept any.

@@ -101,11 +101,18 @@ class PodDevices:
         self._held: dict[str, dict[str, Holders]] = {}
         self._count = 0
         self._generation = 0
+        # pod -> the generation its allocations last changed at (absent: it holds none)
+        self._pod_generations: dict[str, int] = {}
 
     @property
     def generation(self) -> int:
         """Changes whenever an allocation is added or removed: a cheap "anything new?" for publishers."""
         return self._generation
+
+    def pod_generation(self, pod_uid: str) -> int:
+        """Changes whenever the pod's allocations do (0 while it holds none): what a reader keeps per pod stays valid
+        while this is the same (PodResources' List keeps each pod's part encoded)."""
+        return self._pod_generations.get(pod_uid, 0)
 
     def __len__(self) -> int:
         """Number of (pod, container, resource) entries."""
@@ -125,6 +132,7 @@ class PodDevices:
         self._entries[(allocation.pod_uid, allocation.container, allocation.resource)] = allocation.entry
         self._index(allocation)
         self._generation += 1
+        self._pod_generations[allocation.pod_uid] = self._generation
 
     def remove_pod(self, pod_uid: str) -> list[Allocation]:
         containers = self._pods.pop(pod_uid, None)
@@ -136,6 +144,7 @@ class PodDevices:
             del self._entries[(pod_uid, allocation.container, allocation.resource)]
         self._count -= len(removed)
         self._generation += 1
+        self._pod_generations.pop(pod_uid, None)
         return removed
 
     def load(self, entries: Iterable[PodDevicesEntry]) -> int:

@@ -107,6 +107,11 @@ class ResourceState:
             kept = self._sorted_healthy = (self.healthy, _resorted(kept, self.healthy))
         return kept[1]
 
+    def allocatable(self) -> list[Device]:
+        """Spec §4.13 GetAllocatableDevices for this resource: the healthy devices, by ID."""
+        devices = self.all_devices
+        return [devices[i] for i in self.sorted_healthy() if i in devices]
+
     def sorted_ids(self) -> list[str]:
         """Every device ID in order, sorted once per change of the IDs: the views list the first few (NodeDevices:
         128 of each resource per publish), which otherwise took a partial sort of every ID per resource and view
@@ -188,6 +193,8 @@ class ResourceStatus(Protocol):
     def connected(self) -> bool: ...
 
     def sorted_ids(self) -> list[str]: ...
+
+    def allocatable(self) -> list[Device]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +368,4 @@ class DeviceRegistry:
 
     def allocatable_devices(self) -> dict[str, list[Device]]:
         """Spec §4.13 GetAllocatableDevices: the healthy devices of every resource."""
-        return {
-            name: [state.all_devices[i] for i in sorted(state.healthy) if i in state.all_devices]
-            for name, state in self._resources.items()
-        }
+        return {name: state.allocatable() for name, state in self._resources.items()}

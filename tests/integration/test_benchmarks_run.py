@@ -37,8 +37,8 @@ from tests.support.procs import ROOT, child_env
             "gpu responses of 426 bytes",
         ),
         ("snapshot_churn.py", ["--rounds", "2"], "10,000  5,000  one flips"),
-        ("scrape.py", ["--devices", "50", "--rounds", "1"], "prometheus_client    first  unchanged  one flip"),
-        ("scrape.py", ["--agent", "--rounds", "1"], "/api/v1/devices  one device flipped before"),
+        ("reads.py", ["--devices", "50", "--rounds", "1"], "prometheus_client    first  unchanged  one flip"),
+        ("reads.py", ["--agent", "--rounds", "1", "--held", "20"], "GetAllocatableResources  after a change"),
         ("journal_directory.py", ["--rounds", "1", "--pods", "20"], "the watcher woken per admission"),
         ("write_after_idle.py", ["--rounds", "1", "--writes", "5"], "tight loop of writes (the floor's)  write"),
         (

@@ -54,7 +54,7 @@ class ApiViews:
                 raise HttpError(400, f"limit must be an integer from 0 to 999999999, got {query['limit']!r}")
             limit = int(query["limit"])
         # pydantic's own serializer writes the JSON: for every device of 10 x 10,000 that took the loop ~30 ms, against
-        # ~200 ms through model_dump and json.dumps (benchmarks/scrape.py --agent --paths /api/v1/devices)
+        # ~200 ms through model_dump and json.dumps (benchmarks/reads.py --agent)
         return self.status(limit, query.get("resource")).model_dump_json().encode()
 
     def status(self, device_limit: int | None = None, resource: str | None = None) -> DevicesStatus:

@@ -4,7 +4,7 @@ resource's IDs and healthy set are the same.
 It has a series per device, and a scrape runs on the agent's event loop: through prometheus_client (a sample object
 per device, then a label dict sorted and escaped per line) 10 resources x 1,000 devices took 44 ms of the loop per
 scrape and 10 x 10,000 took 565 ms, every scrape, with nothing changed. Written here, a changed resource of 10,000
-costs ~3 ms and an unchanged one a copy (benchmarks/scrape.py). The text is byte for byte what prometheus_client
+costs ~3 ms and an unchanged one a copy (benchmarks/reads.py). The text is byte for byte what prometheus_client
 writes for the same family (tests/unit/test_device_health_text.py compares them).
 """
 

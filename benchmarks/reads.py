@@ -1,18 +1,22 @@
-"""What one `/metrics` scrape costs the agent's event loop, by the node's device count.
+"""What the agent's readers cost its event loop (the loop that admits pods): a Prometheus scrape, the HTTP API's
+listings, and PodResources' List and GetAllocatableResources (which monitoring agents call on every scrape).
 
-`deviceplane_device_health` has a series per device. In process, from a real DeviceRegistry of 10 resources x N
-devices (one in 7 unhealthy) and the agent's real AgentMetrics, median of `--rounds` scrapes each:
+In process (the default), `/metrics` alone: `deviceplane_device_health` has a series per device. From a real
+DeviceRegistry of 10 resources x N devices (one in 7 unhealthy) and the agent's real AgentMetrics, median of
+`--rounds` scrapes each:
 
 - through prometheus_client: the whole exposition as it was written before serving/device_health_text.py (the
   family as a GaugeMetricFamily beside the agent's other collectors, one generate_latest);
 - the agent's exposition now: the first scrape (every resource's block written), a scrape with nothing changed (the
   blocks kept), and a scrape after one device of one resource changed health (that resource's block written again).
 
-`--agent` does it end to end instead: a real agent (`--agent-source DIR` runs another checkout's, for an A/B) with 10
-gRPC plugins of 10,000 devices registered, and `/metrics` fetched over HTTP. What a scrape costs everything else the
-agent does is how long it holds the event loop: each round sends `GET /metrics` and, on a second connection at once,
-`GET /healthz`, whose answer waits for the loop; with nothing changed, and after one device's health flipped. The
-same for `/api/v1/devices` without `limit` (every device listed).
+`--agent`, end to end: a real agent (`--agent-source DIR` runs another checkout's, for an A/B) with 10 gRPC plugins of
+10,000 devices registered and `--held` containers holding a device each (a sim's, admitted through the debug admit
+API). What a read costs everything else the agent does is how long it holds the event loop: each round makes the
+read and, on another connection, `GET /healthz`, whose answer waits for the loop (sent at once after an HTTP
+request; 0.5 ms after a gRPC call starts, from another thread). Each read unchanged, and after a change (one
+device's health flipped, one more pod admitted) before each round. `/api/v1/devices` is without `limit` (every
+device listed).
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,14 +40,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from benchmarks.compare import AgentSide, poll
+from benchmarks.compare import FILLER, AgentSide, admit_many, poll, start_sim, stop_procs
 from benchmarks.registration import BenchPlugin, make_devices, register_big
 from deviceplane.agent.serving.device_health_text import DOCUMENTATION, LABELS, NAME
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from deviceplane.api.podresources.v1 import api_pb2 as pr
+from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
 
 RESOURCES = 10
+READS = ("/metrics", "/api/v1/devices", "/api/v1/pods", "List", "GetAllocatableResources")
+PLAIN_FLAGS = ("--no-preferred-allocation", "--no-pre-start")
 
 
 def devices(count: int, flipped: int | None = None) -> list[Device]:
@@ -159,34 +169,79 @@ def scrape_round(port: int, path: str) -> tuple[float, float, int]:
     return time.perf_counter() - started, probed, len(body)
 
 
+def rpc_round(port: int, call: Callable[[], Any]) -> tuple[float, float, int]:
+    """The same for a PodResources call: made from another thread, /healthz sent 0.5 ms after it started (a loop
+    held for less than that shows as less than its length)."""
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        done["answer"] = call()
+        done["took"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    caller = threading.Thread(target=run)
+    caller.start()
+    time.sleep(0.0005)
+    probed_from = time.perf_counter()
+    answer = read_all(get(port, "/healthz"))
+    probed = time.perf_counter() - probed_from
+    assert answer.endswith(b"ok"), answer
+    caller.join()
+    return done["took"], probed, done["answer"].ByteSize()
+
+
 async def end_to_end(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="scrape-") as tmp:
         side = SourceAgentSide(Path(tmp), args.agent_source)
         side.start()
         servers: list[grpc.aio.Server] = []
         plugins: list[BenchPlugin] = []
+        sims = []
         try:
             async with grpc.aio.insecure_channel(f"unix://{side.plugin_dir / 'kubelet.sock'}") as channel:
                 stub = pb_grpc.RegistrationStub(channel)
                 for i in range(RESOURCES):
                     plugins.append(await register_big(side.plugin_dir, stub, i, servers))
                     await poll(side, f"bench.example.com/big{i}", lambda c: c == (10_000, 10_000))
+                if args.held:
+                    sims.append(start_sim(side, FILLER, args.held + args.rounds + 16, 0, *PLAIN_FLAGS))
+                    await poll(side, FILLER, lambda c: c[1] == args.held + args.rounds + 16)
+                    await asyncio.to_thread(admit_many, side, "held", FILLER, args.held, 8)
+                pod_resources = grpc.insecure_channel(
+                    f"unix://{side.work / 'pr.sock'}", options=[("grpc.max_receive_message_length", 256 << 20)]
+                )
+                lister = pr_grpc.PodResourcesListerStub(pod_resources)  # type: ignore[no-untyped-call]
+                calls: dict[str, Callable[[], Any]] = {
+                    "List": lambda: lister.List(pr.ListPodResourcesRequest()),
+                    "GetAllocatableResources": lambda: lister.GetAllocatableResources(pr.AllocatableResourcesRequest()),
+                }
                 print(f"a real agent{f' from {args.agent_source}' if args.agent_source else ''}, {RESOURCES} x 10,000 "
-                      f"devices; ms, median [min-max] of {args.rounds} rounds")  # fmt: skip
-                print(f"{'GET':>16} {'':>26} {'its time':>22} {'/healthz sent beside it':>24} {'bytes':>12}")
-                cases = [(path, flip) for path in args.paths for flip in (False, True)]
-                for path, flip in cases:
-                    scrapes, probes, size = [], [], 0
-                    for round_ in range(args.rounds):
-                        if flip:
-                            plugins[3].push(make_devices(10_000, unhealthy=round_ % 2 + 1, prefix="big3"))
-                            await poll(side, "bench.example.com/big3", lambda c, n=round_ % 2 + 1: c[1] == 10_000 - n)
-                        took, probed, size = await asyncio.to_thread(scrape_round, side.port, path)
-                        scrapes.append(took * 1000)
-                        probes.append(probed * 1000)
-                    label = "one device flipped before" if flip else "nothing changed"
-                    print(f"{path:>16} {label:>26} {spread(scrapes):>22} {spread(probes):>24} {size:>12,}")
+                      f"devices, {args.held:,} containers holding one device each; ms, median [min-max] of "
+                      f"{args.rounds} rounds")  # fmt: skip
+                print(f"{'read':>24} {'':>15} {'its time':>22} {'/healthz sent beside it':>24} {'bytes':>12}")
+                changes = iter(range(1, 10**9))
+                for read in args.reads:
+                    for changed in (False, True):
+                        took, probes, size = [], [], 0
+                        for _ in range(args.rounds):
+                            if changed:  # one device's health flipped, one more pod admitted
+                                n = next(changes)
+                                plugins[3].push(make_devices(10_000, unhealthy=n % 2 + 1, prefix="big3"))
+                                await poll(side, "bench.example.com/big3", lambda c, u=n % 2 + 1: c[1] == 10_000 - u)
+                                if args.held:
+                                    await asyncio.to_thread(admit_many, side, f"more-{n}", FILLER, 1, 1)
+                            if read.startswith("/"):
+                                one = await asyncio.to_thread(scrape_round, side.port, read)
+                            else:
+                                one = await asyncio.to_thread(rpc_round, side.port, calls[read])
+                            took.append(one[0] * 1000)
+                            probes.append(one[1] * 1000)
+                            size = one[2]
+                        label = "after a change" if changed else "unchanged"
+                        print(f"{read:>24} {label:>15} {spread(took):>22} {spread(probes):>24} {size:>12,}")
+                pod_resources.close()
         finally:
+            stop_procs(sims)
             for plugin in plugins:
                 plugin.push(None)
             await asyncio.sleep(0.2)
@@ -203,9 +258,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, nargs="+", default=[100, 1_000, 10_000], help="per resource")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--agent", action="store_true", help="a real agent over HTTP, 10 x 10,000 devices")
+    parser.add_argument("--agent", action="store_true", help="a real agent, 10 x 10,000 devices")
     parser.add_argument("--agent-source", type=Path, help="with --agent: the checkout whose agent runs")
-    parser.add_argument("--paths", nargs="+", default=["/metrics", "/api/v1/devices"], help="with --agent: what to GET")
+    parser.add_argument("--reads", nargs="+", default=list(READS), help=f"with --agent, of {', '.join(READS)}")
+    parser.add_argument("--held", type=int, default=5_000, help="with --agent: containers holding a device [5000]")
     args = parser.parse_args()
     if args.agent:
         asyncio.run(end_to_end(args))
