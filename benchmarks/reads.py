@@ -204,8 +204,9 @@ async def end_to_end(args: argparse.Namespace) -> None:
                     plugins.append(await register_big(side.plugin_dir, stub, i, servers))
                     await poll(side, f"bench.example.com/big{i}", lambda c: c == (10_000, 10_000))
                 if args.held:
-                    sims.append(start_sim(side, FILLER, args.held + args.rounds + 16, 0, *PLAIN_FLAGS))
-                    await poll(side, FILLER, lambda c: c[1] == args.held + args.rounds + 16)
+                    filler = args.held + args.rounds * len(args.reads) + 16  # a pod more per changed round
+                    sims.append(start_sim(side, FILLER, filler, 0, *PLAIN_FLAGS))
+                    await poll(side, FILLER, lambda c: c[1] == filler)
                     await asyncio.to_thread(admit_many, side, "held", FILLER, args.held, 8)
                 pod_resources = grpc.insecure_channel(
                     f"unix://{side.work / 'pr.sock'}", options=[("grpc.max_receive_message_length", 256 << 20)]
