@@ -84,7 +84,7 @@ class HealthThroughPrometheusClient(Collector):
         yield family
 
 
-def median_ms(scrape: Callable[[], bytes], rounds: int, before: Callable[[], object] = lambda: None) -> float:
+def median_ms(scrape: Callable[[], object], rounds: int, before: Callable[[], object] = lambda: None) -> float:
     times = []
     for _ in range(rounds):
         before()
@@ -114,7 +114,7 @@ def in_process_row(count: int, rounds: int) -> None:
         metrics = AgentMetrics(reg, "node", lambda _resource: 0)
 
     first = median_ms(lambda: metrics.exposition(), rounds, fresh)
-    size = len(metrics.exposition())
+    size = sum(map(len, metrics.exposition()))
     unchanged = median_ms(metrics.exposition, rounds)
     flips = iter(range(1, 10**9))
 
@@ -219,6 +219,8 @@ async def end_to_end(args: argparse.Namespace) -> None:
                 print(f"a real agent{f' from {args.agent_source}' if args.agent_source else ''}, {RESOURCES} x 10,000 "
                       f"devices, {args.held:,} containers holding one device each; ms, median [min-max] of "
                       f"{args.rounds} rounds")  # fmt: skip
+                await asyncio.sleep(2)  # the checkpoint writes settle before RSS is read
+                rss_before = side.rss_mib()
                 print(f"{'read':>24} {'':>15} {'its time':>22} {'/healthz sent beside it':>24} {'bytes':>12}")
                 changes = iter(range(1, 10**9))
                 for read in args.reads:
@@ -241,6 +243,8 @@ async def end_to_end(args: argparse.Namespace) -> None:
                         label = "after a change" if changed else "unchanged"
                         print(f"{read:>24} {label:>15} {spread(took):>22} {spread(probes):>24} {size:>12,}")
                 pod_resources.close()
+                await asyncio.sleep(2)
+                print(f"the agent's RSS: {rss_before:.0f} MiB before the reads, {side.rss_mib():.0f} MiB after them")
         finally:
             stop_procs(sims)
             for plugin in plugins:

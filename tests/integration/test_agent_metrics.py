@@ -38,6 +38,12 @@ def test_device_metrics_follow_state(agent: AgentProcess, plugin_factory: Callab
     assert agent.metric("deviceplane_device_health", resource_name=R, device_id="g0") == 0.0
     assert agent.metric("deviceplane_device_health_transitions_total", resource_name=R, device_id="g0") == 1.0
 
+    # Its transitions too, once it is gone: a plugin naming ever new devices must not grow the agent's series.
+    plugin.devices([["g1", "Healthy"]])
+    wait_for(lambda: agent.counts(R) == (1, 1))
+    assert agent.metric("deviceplane_device_health_transitions_total", resource_name=R, device_id="g0") is None
+    assert agent.metric("deviceplane_device_health_transitions_created", resource_name=R, device_id="g0") is None
+
 
 def test_promtool_check_metrics(agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]) -> None:
     tool = promtool()

@@ -12,10 +12,11 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from deviceplane.agent.serving.lean_http import JSON, LeanHttpServer, Request, Respond
+from deviceplane.agent.serving.lean_http import JSON, LINGER_SECONDS, LeanHttpServer, Request, Respond
 from tests.support.procs import AgentProcess, wait_for
 from tests.support.raw_http import exchange, responses
 
@@ -110,23 +111,29 @@ def test_a_second_answer_to_a_request_is_dropped() -> None:
 
 
 def test_a_large_body_arrives_whole_between_small_answers_on_one_connection() -> None:
-    """Bodies over 64 KiB go after their head, as a view the transport slices (the /metrics of a node with many
-    devices): pipelined with small answers and a HEAD, each arrives whole, framed by its Content-Length, in order."""
+    """Bodies over 64 KiB go after their head, as views the transport slices, and a body in pieces piece after piece
+    (the /metrics of a node with many devices): pipelined with small answers and a HEAD, each arrives whole, framed by
+    its Content-Length, in order."""
     large = bytes(range(256)) * (3 << 12) + b"end"  # 3 MiB and a tail: more than the socket takes at once
+    pieces = (b"head\n", b"", large[:100_000], large[100_000:])
 
     async def scenario() -> bytes:
         def big(_request: Request, respond: Respond) -> None:
             respond(200, large, b"text/plain")
 
-        def small(_request: Request, respond: Respond) -> None:
-            respond(200, b'{"small":1}', JSON)
+        def in_pieces(_request: Request, respond: Respond) -> None:
+            respond(200, pieces, b"text/plain")
 
-        server = LeanHttpServer({("GET", "/big"): big, ("GET", "/small"): small})
+        def small(_request: Request, respond: Respond) -> None:
+            respond(200, (b'{"sm', b'all":1}'), JSON)  # small pieces: joined to the head
+
+        server = LeanHttpServer({("GET", "/big"): big, ("GET", "/pieces"): in_pieces, ("GET", "/small"): small})
         await server.start("127.0.0.1:0")
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
             writer.write(
                 b"GET /small HTTP/1.1\r\n\r\nGET /big HTTP/1.1\r\n\r\nHEAD /big HTTP/1.1\r\n\r\n"
+                b"GET /pieces HTTP/1.1\r\n\r\nHEAD /pieces HTTP/1.1\r\n\r\n"
                 b"GET /big HTTP/1.1\r\n\r\nGET /small HTTP/1.1\r\nConnection: close\r\n\r\n"
             )
             received = await asyncio.wait_for(reader.read(), 10)
@@ -140,6 +147,8 @@ def test_a_large_body_arrives_whole_between_small_answers_on_one_connection() ->
         (200, b"11", b'{"small":1}'),
         (200, str(len(large)).encode(), large),
         (200, str(len(large)).encode(), b""),
+        (200, str(len(b"head\n" + large)).encode(), b"head\n" + large),
+        (200, str(len(b"head\n" + large)).encode(), b""),
         (200, str(len(large)).encode(), large),
         (200, b"11", b'{"small":1}'),
     ]
@@ -293,10 +302,94 @@ def test_a_static_pod_file_whose_name_is_not_utf8_is_listed(tmp_path: Path) -> N
         odd.write(manifest % (b"odd", b"u-odd"))
     agent = AgentProcess(tmp_path, "--pod-manifest-dir", str(pods), "--startup-plugin-wait", "0s").start()
     try:
-        listed = wait_for(lambda: (found := agent.get("/api/v1/pods")) and len(found) == 2 and found, what="both pods")
+
+        def both_admitted() -> list[dict[str, Any]] | None:
+            found = agent.get("/api/v1/pods")
+            return found if len(found) == 2 and all(pod["admitted"] for pod in found) else None
+
+        listed = wait_for(both_admitted, what="both pods admitted")
         assert sorted((pod["name"], pod["source"], pod["admitted"]) for pod in listed) == [
             ("odd", "file:odd-\udcff.yaml", True),
             ("plain", "file:plain.yaml", True),
         ]
     finally:
         agent.kill()
+
+
+def test_a_client_that_does_not_read_holds_one_answer_not_every_pipelined_one() -> None:
+    """Pipelined requests for a large body from a client that does not read: the server handles the next request
+    only once the previous answer is taken, so the connection holds one answer, not fifty (before, every answer was
+    buffered: 146 MB for fifty of 3 MB). Once the client reads, every answer arrives, whole and in order."""
+    large = bytes(range(256)) * (3 << 12)  # 3 MiB
+    calls: list[int] = []
+
+    async def scenario() -> tuple[int, list[int], bytes]:
+        def big(_request: Request, respond: Respond) -> None:
+            calls.append(len(calls))
+            respond(200, (b"%d:" % len(calls), large), b"text/plain")
+
+        server = LeanHttpServer({("GET", "/big"): big})
+        await server.start("127.0.0.1:0")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /big HTTP/1.1\r\n\r\n" * 49 + b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n")
+            await asyncio.sleep(0.5)  # the client reads nothing meanwhile
+            handled_unread = len(calls)
+            received = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            return handled_unread, list(calls), received
+        finally:
+            await server.close()
+
+    handled_unread, handled, received = asyncio.run(scenario())
+    assert handled_unread <= 3, handled_unread  # what the socket buffers took, at most
+    answers = responses(received)
+    assert len(handled) == len(answers) == 50
+    assert [body for _status, _fields, body in answers] == [b"%d:" % (i + 1) + large for i in range(50)]
+
+
+def test_a_large_answer_that_ends_the_connection_reaches_a_client_slower_than_the_linger() -> None:
+    """`Connection: close` lingers 2 s for the client's EOF before closing: with a large answer still going out, the
+    linger starts once the client has taken it, so a client that reads late still gets all of it."""
+    large = bytes(range(256)) * (48 << 12)  # 48 MiB: more than the socket buffers take without a read
+
+    async def scenario() -> bytes:
+        def big(_request: Request, respond: Respond) -> None:
+            respond(200, large, b"text/plain")
+
+        server = LeanHttpServer({("GET", "/big"): big})
+        await server.start("127.0.0.1:0")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n")
+            await asyncio.sleep(LINGER_SECONDS + 0.5)
+            received = await asyncio.wait_for(reader.read(), 10)
+            writer.close()
+            return received
+        finally:
+            await server.close()
+
+    ((status, fields, body),) = responses(asyncio.run(scenario()))
+    assert status == 200 and fields[b"connection"] == b"close" and body == large
+
+
+@pytest.mark.parametrize("close", [False, True])
+def test_a_large_answer_reaches_a_client_that_half_closed_after_its_request(close: bool) -> None:
+    """A client that sends its request and shuts its side (curl does not, scripts do) still gets all of a large
+    answer, kept alive or not: its EOF does not drop what the server has not handed to the socket yet."""
+    large = bytes(range(256)) * (48 << 12)  # 48 MiB
+
+    async def scenario() -> bytes:
+        def big(_request: Request, respond: Respond) -> None:
+            respond(200, large, b"text/plain")
+
+        server = LeanHttpServer({("GET", "/big"): big})
+        await server.start("127.0.0.1:0")
+        try:
+            request = b"GET /big HTTP/1.1\r\n" + (b"Connection: close\r\n" if close else b"") + b"\r\n"
+            return await asyncio.to_thread(exchange, server.port, request, [])
+        finally:
+            await server.close()
+
+    ((status, _fields, body),) = responses(asyncio.run(scenario()))
+    assert status == 200 and body == large

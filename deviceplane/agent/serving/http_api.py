@@ -13,7 +13,7 @@ from typing import Any
 import pydantic_core
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from deviceplane.agent.serving.lean_http import TEXT, Request, Respond, Route
+from deviceplane.agent.serving.lean_http import TEXT, Body, Request, Respond, Route
 
 Check = Callable[[], str | None]
 _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
@@ -33,12 +33,13 @@ def json_body(payload: Any) -> bytes:
 def api_routes(
     devices: Callable[[Mapping[str, str]], bytes],
     pods: Callable[[], Any],
-    metrics: Callable[[], bytes],
+    metrics: Callable[[], Body],
     health: Check,
     ready: Check,
 ) -> dict[tuple[str, str], Route]:
     """`devices` gets the query's parameters, returns the JSON body and raises lean_http.HttpError for a bad one;
-    `metrics` returns the exposition text; `health`/`ready` return None when fine, else the reason (served with 503)."""
+    `metrics` returns the exposition text (in pieces); `health`/`ready` return None when fine, else the reason
+    (served with 503)."""
 
     def get_devices(request: Request, respond: Respond) -> None:
         respond(200, devices(request.params()))

@@ -98,6 +98,8 @@ class AgentMetrics:
             registry=self.prometheus,
         )
         self.prometheus.register(DeviceStateCollector(registry, node, allocated))
+        self._registry = registry
+        self._flipped: dict[str, set[str]] = {}  # resource -> devices with a transitions series
         self._device_health = DeviceHealthText(registry, node)
         self._admissions: dict[tuple[str, ...], BucketedDurations] = {
             (result,): BucketedDurations(ADMISSION_BUCKETS) for result in ADMISSION_RESULTS
@@ -116,9 +118,9 @@ class AgentMetrics:
         self._allocation_counts: dict[tuple[str, AllocationResult], Counter] = {}
         self._allocation_count("", AllocationResult.INTERNAL)
 
-    def exposition(self) -> bytes:
-        """What `/metrics` serves: every family in the text format, the per-device health first."""
-        return self._device_health.text() + generate_latest(self.prometheus)
+    def exposition(self) -> tuple[bytes, ...]:
+        """What `/metrics` serves, in pieces: every family in the text format, the per-device health first."""
+        return (*self._device_health.pieces(), generate_latest(self.prometheus))
 
     def observe_admission(self, admitted: bool, seconds: float) -> None:
         self._admissions[("admitted",) if admitted else ("failed",)].observe(seconds)
@@ -155,5 +157,16 @@ class AgentMetrics:
         self.snapshots_total.labels(self.node, resource, "true" if changed else "false").inc()
 
     def on_device_event(self, event: DeviceEvent) -> None:
+        resource = event.resource
+        flipped = self._flipped.setdefault(resource, set())
         for device_id in event.transitions:
-            self.health_transitions.labels(self.node, event.resource, device_id).inc()
+            self.health_transitions.labels(self.node, resource, device_id).inc()
+            flipped.add(device_id)
+        # A device the resource no longer has (a list without it, the resource deleted) takes its series with it, as
+        # its health gauge does: a plugin that keeps naming new devices must not grow the agent without bound.
+        present = self._registry.devices(resource)
+        for device_id in [d for d in flipped if d not in present]:
+            self.health_transitions.remove(self.node, resource, device_id)
+            flipped.discard(device_id)
+        if not flipped:
+            del self._flipped[resource]
