@@ -367,10 +367,12 @@ class _Connection(asyncio.BufferedProtocol):
             length,
             extra,
         )
-        if head_only:
-            self._unsent.append(memoryview(head))
-        elif length <= _JOINED_BODY_LIMIT:
-            self._unsent.append(memoryview(b"".join((head, *pieces))))  # one send: the count polls, the probes
+        if head_only or length <= _JOINED_BODY_LIMIT:
+            whole = head if head_only else b"".join((head, *pieces))  # one send: the count polls, the probes
+            if not self._unsent and not self._write_paused and self._transport is not None:
+                self._transport.write(whole)  # nothing waiting before it: straight to the transport
+            else:
+                self._unsent.append(memoryview(whole))
         else:
             # A large body (/metrics of a node with 100,000 devices: 12 MB in pieces kept by the agent) is neither
             # joined nor copied behind its head: it is handed over in views of its pieces.
