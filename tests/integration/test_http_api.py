@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from deviceplane.agent.serving.lean_http import JSON, LINGER_SECONDS, LeanHttpServer, Request, Respond
+from deviceplane.agent.serving.lean_http import JSON, LINGER_SECONDS, LeanHttpServer, Request, Respond, Route
 from tests.support.procs import AgentProcess, wait_for
 from tests.support.raw_http import exchange, responses
 
@@ -87,26 +87,35 @@ def test_queries_are_decoded_and_the_first_value_counts(agent: AgentProcess) -> 
     assert status == 400 and json.loads(body)["error"].endswith("got 'x'")
 
 
+async def exchange_with(
+    routes: dict[tuple[str, str], Route], sent: bytes, timeout: float, read_after: float = 0.0
+) -> tuple[bytes, float]:
+    """Serve `routes`, send `sent` on one connection, wait `read_after` seconds without reading, then read until the
+    server closes: what was received, and when reading began (time.monotonic)."""
+    server = LeanHttpServer(routes)
+    await server.start("127.0.0.1:0")
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(sent)
+        await asyncio.sleep(read_after)
+        reading_from = time.monotonic()
+        received = await asyncio.wait_for(reader.read(), timeout)
+        writer.close()
+        return received, reading_from
+    finally:
+        await server.close()
+
+
 def test_a_second_answer_to_a_request_is_dropped() -> None:
     """A route that answers twice: the client gets one answer, and the next request on the connection its own."""
 
-    async def scenario() -> bytes:
-        def twice(_request: Request, respond: Respond) -> None:
-            respond(200, b'{"first":1}', JSON)
-            respond(500, b'{"second":1}', JSON)
+    def twice(_request: Request, respond: Respond) -> None:
+        respond(200, b'{"first":1}', JSON)
+        respond(500, b'{"second":1}', JSON)
 
-        server = LeanHttpServer({("GET", "/twice"): twice})
-        await server.start("127.0.0.1:0")
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /twice HTTP/1.1\r\n\r\nGET /twice HTTP/1.1\r\nConnection: close\r\n\r\n")
-            received = await asyncio.wait_for(reader.read(), 3)
-            writer.close()
-            return received
-        finally:
-            await server.close()
-
-    answers = responses(asyncio.run(scenario()))
+    sent = b"GET /twice HTTP/1.1\r\n\r\nGET /twice HTTP/1.1\r\nConnection: close\r\n\r\n"
+    received, _ = asyncio.run(exchange_with({("GET", "/twice"): twice}, sent, 3))
+    answers = responses(received)
     assert [(status, body) for status, _, body in answers] == [(200, b'{"first":1}'), (200, b'{"first":1}')]
 
 
@@ -117,32 +126,23 @@ def test_a_large_body_arrives_whole_between_small_answers_on_one_connection() ->
     large = bytes(range(256)) * (3 << 12) + b"end"  # 3 MiB and a tail: more than the socket takes at once
     pieces = (b"head\n", b"", large[:100_000], large[100_000:])
 
-    async def scenario() -> bytes:
-        def big(_request: Request, respond: Respond) -> None:
-            respond(200, large, b"text/plain")
+    def big(_request: Request, respond: Respond) -> None:
+        respond(200, large, b"text/plain")
 
-        def in_pieces(_request: Request, respond: Respond) -> None:
-            respond(200, pieces, b"text/plain")
+    def in_pieces(_request: Request, respond: Respond) -> None:
+        respond(200, pieces, b"text/plain")
 
-        def small(_request: Request, respond: Respond) -> None:
-            respond(200, (b'{"sm', b'all":1}'), JSON)  # small pieces: joined to the head
+    def small(_request: Request, respond: Respond) -> None:
+        respond(200, (b'{"sm', b'all":1}'), JSON)  # small pieces: joined to the head
 
-        server = LeanHttpServer({("GET", "/big"): big, ("GET", "/pieces"): in_pieces, ("GET", "/small"): small})
-        await server.start("127.0.0.1:0")
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(
-                b"GET /small HTTP/1.1\r\n\r\nGET /big HTTP/1.1\r\n\r\nHEAD /big HTTP/1.1\r\n\r\n"
-                b"GET /pieces HTTP/1.1\r\n\r\nHEAD /pieces HTTP/1.1\r\n\r\n"
-                b"GET /big HTTP/1.1\r\n\r\nGET /small HTTP/1.1\r\nConnection: close\r\n\r\n"
-            )
-            received = await asyncio.wait_for(reader.read(), 10)
-            writer.close()
-            return received
-        finally:
-            await server.close()
-
-    answers = responses(asyncio.run(scenario()))
+    routes = {("GET", "/big"): big, ("GET", "/pieces"): in_pieces, ("GET", "/small"): small}
+    sent = (
+        b"GET /small HTTP/1.1\r\n\r\nGET /big HTTP/1.1\r\n\r\nHEAD /big HTTP/1.1\r\n\r\n"
+        b"GET /pieces HTTP/1.1\r\n\r\nHEAD /pieces HTTP/1.1\r\n\r\n"
+        b"GET /big HTTP/1.1\r\n\r\nGET /small HTTP/1.1\r\nConnection: close\r\n\r\n"
+    )
+    received, _ = asyncio.run(exchange_with(routes, sent, 10))
+    answers = responses(received)
     assert [(status, fields[b"content-length"], body) for status, fields, body in answers] == [
         (200, b"11", b'{"small":1}'),
         (200, str(len(large)).encode(), large),
@@ -321,27 +321,15 @@ def test_a_client_that_does_not_read_holds_one_answer_not_every_pipelined_one() 
     only once the previous answer is taken, so the connection holds one answer, not fifty (before, every answer was
     buffered: 146 MB for fifty of 3 MB). Once the client reads, every answer arrives, whole and in order."""
     large = bytes(range(256)) * (3 << 12)  # 3 MiB
-    calls: list[int] = []
+    handled: list[float] = []  # when each request was handled
 
-    async def scenario() -> tuple[int, list[int], bytes]:
-        def big(_request: Request, respond: Respond) -> None:
-            calls.append(len(calls))
-            respond(200, (b"%d:" % len(calls), large), b"text/plain")
+    def big(_request: Request, respond: Respond) -> None:
+        handled.append(time.monotonic())
+        respond(200, (b"%d:" % len(handled), large), b"text/plain")
 
-        server = LeanHttpServer({("GET", "/big"): big})
-        await server.start("127.0.0.1:0")
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /big HTTP/1.1\r\n\r\n" * 49 + b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n")
-            await asyncio.sleep(0.5)  # the client reads nothing meanwhile
-            handled_unread = len(calls)
-            received = await asyncio.wait_for(reader.read(), 30)
-            writer.close()
-            return handled_unread, list(calls), received
-        finally:
-            await server.close()
-
-    handled_unread, handled, received = asyncio.run(scenario())
+    sent = b"GET /big HTTP/1.1\r\n\r\n" * 49 + b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n"
+    received, reading_from = asyncio.run(exchange_with({("GET", "/big"): big}, sent, 30, read_after=0.5))
+    handled_unread = sum(1 for moment in handled if moment < reading_from)
     assert handled_unread <= 3, handled_unread  # what the socket buffers took, at most
     answers = responses(received)
     assert len(handled) == len(answers) == 50
@@ -353,23 +341,12 @@ def test_a_large_answer_that_ends_the_connection_reaches_a_client_slower_than_th
     linger starts once the client has taken it, so a client that reads late still gets all of it."""
     large = bytes(range(256)) * (48 << 12)  # 48 MiB: more than the socket buffers take without a read
 
-    async def scenario() -> bytes:
-        def big(_request: Request, respond: Respond) -> None:
-            respond(200, large, b"text/plain")
+    def big(_request: Request, respond: Respond) -> None:
+        respond(200, large, b"text/plain")
 
-        server = LeanHttpServer({("GET", "/big"): big})
-        await server.start("127.0.0.1:0")
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-            writer.write(b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n")
-            await asyncio.sleep(LINGER_SECONDS + 0.5)
-            received = await asyncio.wait_for(reader.read(), 10)
-            writer.close()
-            return received
-        finally:
-            await server.close()
-
-    ((status, fields, body),) = responses(asyncio.run(scenario()))
+    sent = b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n"
+    received, _ = asyncio.run(exchange_with({("GET", "/big"): big}, sent, 10, read_after=LINGER_SECONDS + 0.5))
+    ((status, fields, body),) = responses(received)
     assert status == 200 and fields[b"connection"] == b"close" and body == large
 
 
@@ -393,3 +370,34 @@ def test_a_large_answer_reaches_a_client_that_half_closed_after_its_request(clos
 
     ((status, _fields, body),) = responses(asyncio.run(scenario()))
     assert status == 200 and body == large
+
+
+def test_a_client_that_stops_reading_is_dropped_after_the_keep_alive_timeout() -> None:
+    """A connection idle past the keep-alive timeout is closed even with an answer the client never took: dropped,
+    not waited for, so a client that stops reading does not keep the server's socket (and the answer's buffers)."""
+    large = bytes(range(256)) * (48 << 12)  # 48 MiB: more than the socket buffers take without a read
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def scenario() -> tuple[int, int, int]:
+        def big(_request: Request, respond: Respond) -> None:
+            respond(200, large, b"text/plain")
+
+        server = LeanHttpServer({("GET", "/big"): big}, keepalive_seconds=0.3)
+        await server.start("127.0.0.1:0")
+        try:
+            before = open_fds()
+            _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.write(b"GET /big HTTP/1.1\r\n\r\n")
+            await asyncio.sleep(0.1)
+            serving = open_fds()  # the client's socket and the server's
+            await asyncio.sleep(1.0)  # not reading, past the timeout
+            dropped = open_fds()  # the client's socket alone
+            writer.close()
+            return before, serving, dropped
+        finally:
+            await server.close()
+
+    before, serving, dropped = asyncio.run(scenario())
+    assert (serving - before, dropped - before) == (2, 1)

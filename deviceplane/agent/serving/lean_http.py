@@ -211,8 +211,16 @@ class _Connection(asyncio.BufferedProtocol):
         self._fail(408, f"request not received in full within {seconds:g}s")
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._close(self._transport)
+        """Close now (idle past the keep-alive timeout, or the server stopping). An answer the client has not taken
+        is dropped (abort) rather than waited for: a client that stopped reading would otherwise keep the connection,
+        its fd and its buffers until it goes away."""
+        transport = self._transport
+        if transport is None:
+            return
+        if self._unsent or transport.get_write_buffer_size():
+            self._unsent.clear()
+            transport.abort()
+        self._close(transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._read
