@@ -17,6 +17,9 @@ import yaml
 
 DEFAULT_URL = "http://127.0.0.1:9450"
 TIMEOUT_SECONDS = 5.0
+# Every device of a large node makes an unreadable table, and its JSON holds the agent's event loop (~0.2 s for 100,000
+# devices, benchmarks/reads.py): the same bound as NodeDevices unless asked for more.
+DEFAULT_MAX_DEVICES = 128
 
 
 class Unreachable(Exception):
@@ -28,6 +31,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--url", default=DEFAULT_URL, help=f"the agent's URL, or its --http-addr (HOST:PORT) [{DEFAULT_URL}]"
     )
     parser.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    parser.add_argument(
+        "--max-devices",
+        type=max_devices,
+        default=DEFAULT_MAX_DEVICES,
+        metavar="N|all",
+        help=f"devices listed per resource; counts stay exact [{DEFAULT_MAX_DEVICES}, as NodeDevices]",
+    )
+
+
+def max_devices(text: str) -> int | None:
+    """A count of devices, or `all` (None: no limit)."""
+    if text == "all":
+        return None
+    if not text.isascii() or not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a number of devices or 'all', got {text!r}")
+    return int(text)
 
 
 def base_url(url: str) -> str:
@@ -103,7 +122,9 @@ def pods_table(pods: list[dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        devices = fetch(args.url, "/api/v1/devices")
+        devices = fetch(
+            args.url, "/api/v1/devices" + ("" if args.max_devices is None else f"?limit={args.max_devices}")
+        )
         pods = fetch(args.url, "/api/v1/pods")
     except Unreachable as err:
         print(f"deviceplane status: cannot reach the agent at {args.url}: {err}", file=sys.stderr)

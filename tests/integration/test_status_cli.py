@@ -66,6 +66,33 @@ def test_status_shows_devices_health_numa_and_owners(
     assert from_yaml["pods"] == document["pods"]
 
 
+def test_status_lists_128_devices_per_resource_unless_told(
+    agent_factory: Callable[..., AgentProcess], plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """Every device of a large node makes an unreadable table and holds the agent's loop while it is written: the
+    status lists as many as NodeDevices (128) per resource unless `--max-devices` says otherwise (`all`: every
+    one); the counts stay exact, and the table says the list is cut."""
+    agent = agent_factory()
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", [[f"g{i:03d}", "Healthy"] for i in range(130)])
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (130, 130))
+
+    def listed(*args: str) -> tuple[int, bool, int]:
+        done = status("--url", agent.url, "-o", "json", *args)
+        assert done.returncode == 0, done.stderr
+        (resource,) = json.loads(done.stdout)["devices"]["resources"]
+        return len(resource["devices"]), resource["devicesTruncated"], resource["capacity"]
+
+    assert listed() == (128, True, 130)
+    assert listed("--max-devices", "3") == (3, True, 130)
+    assert listed("--max-devices", "all") == (130, False, 130)
+    table = status("--url", agent.url, "--max-devices", "2")
+    assert table.returncode == 0 and "(device list truncated)" in table.stdout, table.stdout
+    assert "g000" in table.stdout and "g002" not in table.stdout
+    refused = status("--url", agent.url, "--max-devices", "many")
+    assert refused.returncode == 2 and "expected a number of devices or 'all', got 'many'" in refused.stderr
+
+
 def test_status_unreachable_agent_is_one_clear_line() -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     for output in ("table", "json", "yaml"):
