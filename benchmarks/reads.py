@@ -36,13 +36,20 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from benchmarks.compare import FILLER, AgentSide, admit_many, poll, start_sim, stop_procs
 from benchmarks.registration import BenchPlugin, make_devices, register_big
-from deviceplane.agent.serving.device_health_text import DOCUMENTATION, LABELS, NAME
+from deviceplane.agent.plugins.contracts import DeviceEvent, DeviceEventKind
+from deviceplane.agent.serving.device_health_text import (
+    DOCUMENTATION,
+    LABELS,
+    NAME,
+    TRANSITIONS,
+    TRANSITIONS_DOCUMENTATION,
+)
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.podresources.v1 import api_pb2 as pr
@@ -99,6 +106,10 @@ def in_process(args: argparse.Namespace) -> None:
     print(f"{'N':>8} {'bytes':>12} {'prometheus_client':>18} {'first':>8} {'unchanged':>10} {'one flip':>9}")
     for count in args.devices:
         in_process_row(count, args.rounds)
+    print("every device's health flipped once (a transitions series each): ms per scrape, median of", args.rounds)
+    print(f"{'N':>8} {'prometheus_client':>18} {'first':>8} {'unchanged':>10}")
+    for count in args.devices:
+        flipped_row(count, args.rounds)
 
 
 def in_process_row(count: int, rounds: int) -> None:
@@ -123,6 +134,29 @@ def in_process_row(count: int, rounds: int) -> None:
 
     flipped = median_ms(metrics.exposition, rounds, flip_one)
     print(f"{count:>8,} {size:>12,} {old:>18.2f} {first:>8.2f} {unchanged:>10.2f} {flipped:>9.2f}")
+
+
+def flipped_row(count: int, rounds: int) -> None:
+    reg = registry(count)
+    before = CollectorRegistry(auto_describe=False)
+    before.register(HealthThroughPrometheusClient(reg))
+    counter = Counter(TRANSITIONS, TRANSITIONS_DOCUMENTATION, ["node", "resource_name", "device_id"], registry=before)
+    metrics = AgentMetrics(reg, "node", lambda _resource: 0)
+    for state in reg.statuses():
+        for device_id in state.sorted_ids():
+            counter.labels("node", state.name, device_id).inc()
+    before.register(metrics.prometheus)
+    old = median_ms(lambda: generate_latest(before), rounds)
+
+    def fresh() -> None:
+        nonlocal metrics
+        metrics = AgentMetrics(reg, "node", lambda _resource: 0)
+        for state in reg.statuses():
+            metrics.on_device_event(DeviceEvent(state.name, DeviceEventKind.SNAPSHOT, tuple(state.sorted_ids())))
+
+    first = median_ms(lambda: metrics.exposition(), rounds, fresh)
+    unchanged = median_ms(metrics.exposition, rounds)
+    print(f"{count:>8,} {old:>18.2f} {first:>8.2f} {unchanged:>10.2f}")
 
 
 class SourceAgentSide(AgentSide):

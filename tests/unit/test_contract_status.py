@@ -16,7 +16,7 @@ DEVICES = {"resources": [], "agent": {"version": "0.1.0", "node": "n1", "lastHea
 
 class _Agent(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        body = {"/api/v1/devices": DEVICES, "/api/v1/pods": []}.get(self.path)
+        body = {"/api/v1/devices": DEVICES, "/api/v1/pods": []}.get(self.path.partition("?")[0])
         if body is None:
             self.send_error(404)
             return

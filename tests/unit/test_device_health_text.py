@@ -4,15 +4,24 @@ same family: byte for byte, through random plugin lifecycles, with the per-resou
 from __future__ import annotations
 
 from collections.abc import Iterator, Set
+from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from deviceplane.agent.serving.device_health_text import DOCUMENTATION, LABELS, NAME, DeviceHealthText
+from deviceplane.agent.serving.device_health_text import (
+    DOCUMENTATION,
+    LABELS,
+    NAME,
+    TRANSITIONS,
+    TRANSITIONS_DOCUMENTATION,
+    DeviceHealthText,
+    DeviceTransitions,
+)
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
 
@@ -131,3 +140,46 @@ def test_the_agents_exposition_has_the_family_once_and_parses() -> None:
     health = {sample.labels["device_id"]: sample.value for sample in families[NAME].samples}
     assert health == {"d1": 1.0, 'q"2': 0.0}
     assert "deviceplane_devices" in families and "deviceplane_allocations" in families
+
+
+# (count: the devices that flipped | forget: the devices the resource still has, resource index)
+TRANSITION_STEPS = st.lists(
+    st.tuples(
+        st.sampled_from(["count", "count", "forget"]),
+        st.integers(0, len(RESOURCES) - 1),
+        st.lists(DEVICE_IDS, max_size=4),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TRANSITION_STEPS, st.sampled_from(["node-1", 'we"ird\\node\n']))
+def test_the_transitions_text_is_a_prometheus_client_counters(
+    steps: list[tuple[str, int, list[str]]], node: str
+) -> None:
+    """DeviceTransitions against a prometheus_client Counter driven alike (`remove` for a device forgotten), with one
+    fake clock for both `_created`: byte for byte after every step, and again from the text kept."""
+    ticks = iter(range(1_764_000_000, 1_800_000_000, 7))
+    now = [0.0]
+    ours = DeviceTransitions(node, clock=lambda: now[0])
+    theirs = CollectorRegistry(auto_describe=False)
+    counter = Counter(TRANSITIONS, TRANSITIONS_DOCUMENTATION, ["node", "resource_name", "device_id"], registry=theirs)
+    children: dict[str, set[str]] = {}
+    with patch("prometheus_client.metrics.time.time", lambda: now[0]):
+        for what, index, device_ids in steps:
+            resource = RESOURCES[index]
+            if what == "count":
+                for device_id in device_ids:
+                    if device_id not in children.setdefault(resource, set()):
+                        now[0] = next(ticks) + 0.123456  # a new series: its _created, for both
+                        children[resource].add(device_id)
+                    counter.labels(node, resource, device_id).inc()
+                    ours.count(resource, [device_id])
+            else:
+                for device_id in [d for d in children.get(resource, set()) if d not in device_ids]:
+                    counter.remove(node, resource, device_id)
+                    children[resource].discard(device_id)
+                ours.forget_missing(resource, set(device_ids))
+            assert b"".join(ours.pieces()) == generate_latest(theirs), (what, resource, device_ids)
+            assert b"".join(ours.pieces()) == generate_latest(theirs)

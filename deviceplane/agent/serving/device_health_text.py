@@ -1,5 +1,6 @@
-"""The `deviceplane_device_health` family written as exposition text directly, one block per resource kept while the
-resource's IDs and healthy set are the same.
+"""The per-device families written as exposition text directly: `deviceplane_device_health`, one block per resource
+kept while the resource's IDs and healthy set are the same, and `deviceplane_device_health_transitions_total` (with
+its `_created`), kept until a count changes.
 
 It has a series per device, and a scrape runs on the agent's event loop: through prometheus_client (a sample object
 per device, then a label dict sorted and escaped per line) 10 resources x 1,000 devices took 44 ms of the loop per
@@ -10,13 +11,24 @@ prometheus_client writes for the same family (tests/unit/test_device_health_text
 
 from __future__ import annotations
 
-from collections.abc import Set
+import time
+from collections.abc import Callable, Container, Iterable, Set
+from typing import cast
+
+from prometheus_client import utils
 
 from deviceplane.core.registry import DeviceRegistry
 
 NAME = "deviceplane_device_health"
 DOCUMENTATION = "Device health as the agent sees it: 1 healthy, 0 unhealthy (or its plugin disconnected)."
 LABELS = ("node", "resource_name", "device_id")
+
+
+# prometheus_client's float formatting (Go's: 1.0, 1.764e+09), so the text is what it would write; the module is untyped
+float_text = cast(Callable[[float], str], utils.floatToGoString)
+
+TRANSITIONS = "deviceplane_device_health_transitions"
+TRANSITIONS_DOCUMENTATION = "Health changes reported by device plugins, per device."
 
 
 def escape_label_value(value: str) -> str:
@@ -57,3 +69,59 @@ class DeviceHealthText:
         return "".join(
             [prefix + escape_label_value(device_id) + (up if device_id in healthy else down) for device_id in ids]
         ).encode()
+
+
+class DeviceTransitions:
+    """`deviceplane_device_health_transitions_total{node,resource_name,device_id}` and its `_created`, as
+    prometheus_client writes a Counter's (series in the order first counted, `_created` the wall time of that). Through
+    prometheus_client, a scrape cost ~12 µs per series, every scrape: 122 ms once 10,000 devices had each flipped
+    once (a plugin that marks every device unhealthy and back). Here the text is kept until a count changes."""
+
+    def __init__(self, node: str, clock: Callable[[], float] = time.time) -> None:
+        self._node = node
+        self._clock = clock
+        # (resource, device) -> [count, created], in the order first counted
+        self._series: dict[tuple[str, str], list[float]] = {}
+        self._by_resource: dict[str, set[str]] = {}
+        self._kept: tuple[bytes, ...] | None = None
+        self._head = f"# HELP {TRANSITIONS}_total {TRANSITIONS_DOCUMENTATION}\n# TYPE {TRANSITIONS}_total counter\n"
+        self._created_head = (
+            f"# HELP {TRANSITIONS}_created {TRANSITIONS_DOCUMENTATION}\n# TYPE {TRANSITIONS}_created gauge\n"
+        )
+
+    def count(self, resource: str, device_ids: Iterable[str]) -> None:
+        for device_id in device_ids:
+            series = self._series.get((resource, device_id))
+            if series is None:
+                self._series[resource, device_id] = [1.0, self._clock()]
+                self._by_resource.setdefault(resource, set()).add(device_id)
+            else:
+                series[0] += 1.0
+            self._kept = None
+
+    def forget_missing(self, resource: str, present: Container[str]) -> None:
+        """Drop the series of the resource's devices not in `present` (gone from its list, or the resource gone)."""
+        counted = self._by_resource.get(resource)
+        if not counted:
+            return
+        for device_id in [d for d in counted if d not in present]:
+            del self._series[resource, device_id]
+            counted.discard(device_id)
+            self._kept = None
+        if not counted:
+            del self._by_resource[resource]
+
+    def pieces(self) -> tuple[bytes, ...]:
+        if self._kept is None:
+            totals, created = [self._head], []
+            node = escape_label_value(self._node)
+            for (resource, device_id), (count, since) in self._series.items():
+                # prometheus_client writes labels sorted by name: device_id, node, resource_name
+                device, owner = escape_label_value(device_id), escape_label_value(resource)
+                labels = f'{{device_id="{device}",node="{node}",resource_name="{owner}"}}'
+                totals.append(f"{TRANSITIONS}_total{labels} {float_text(count)}\n")
+                created.append(f"{TRANSITIONS}_created{labels} {float_text(since)}\n")
+            if created:
+                created.insert(0, self._created_head)
+            self._kept = ("".join(totals).encode(), "".join(created).encode())
+        return self._kept

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from deviceplane.agent.plugins.contracts import DeviceEvent
-from deviceplane.agent.serving.device_health_text import DeviceHealthText
+from deviceplane.agent.serving.device_health_text import DeviceHealthText, DeviceTransitions
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
 from deviceplane.core.allocator import AllocationResult
 from deviceplane.core.durations import BucketedDurations
@@ -84,12 +84,6 @@ class AgentMetrics:
             ["resource_name", "result"],
             registry=self.prometheus,
         )
-        self.health_transitions = Counter(
-            "deviceplane_device_health_transitions",
-            "Health changes reported by device plugins, per device.",
-            ["node", "resource_name", "device_id"],
-            registry=self.prometheus,
-        )
         self.snapshots_total = Counter(
             "deviceplane_device_plugin_snapshots",
             'ListAndWatch messages applied to a resource\'s devices; changed="false" for one identical to the list '
@@ -99,8 +93,9 @@ class AgentMetrics:
         )
         self.prometheus.register(DeviceStateCollector(registry, node, allocated))
         self._registry = registry
-        self._flipped: dict[str, set[str]] = {}  # resource -> devices with a transitions series
+        # the per-device families, written as text directly (device_health_text.py)
         self._device_health = DeviceHealthText(registry, node)
+        self._transitions = DeviceTransitions(node)
         self._admissions: dict[tuple[str, ...], BucketedDurations] = {
             (result,): BucketedDurations(ADMISSION_BUCKETS) for result in ADMISSION_RESULTS
         }
@@ -120,7 +115,7 @@ class AgentMetrics:
 
     def exposition(self) -> tuple[bytes, ...]:
         """What `/metrics` serves, in pieces: every family in the text format, the per-device health first."""
-        return (*self._device_health.pieces(), generate_latest(self.prometheus))
+        return (*self._device_health.pieces(), *self._transitions.pieces(), generate_latest(self.prometheus))
 
     def observe_admission(self, admitted: bool, seconds: float) -> None:
         self._admissions[("admitted",) if admitted else ("failed",)].observe(seconds)
@@ -157,16 +152,7 @@ class AgentMetrics:
         self.snapshots_total.labels(self.node, resource, "true" if changed else "false").inc()
 
     def on_device_event(self, event: DeviceEvent) -> None:
-        resource = event.resource
-        flipped = self._flipped.setdefault(resource, set())
-        for device_id in event.transitions:
-            self.health_transitions.labels(self.node, resource, device_id).inc()
-            flipped.add(device_id)
+        self._transitions.count(event.resource, event.transitions)
         # A device the resource no longer has (a list without it, the resource deleted) takes its series with it, as
         # its health gauge does: a plugin that keeps naming new devices must not grow the agent without bound.
-        present = self._registry.devices(resource)
-        for device_id in [d for d in flipped if d not in present]:
-            self.health_transitions.remove(self.node, resource, device_id)
-            flipped.discard(device_id)
-        if not flipped:
-            del self._flipped[resource]
+        self._transitions.forget_missing(event.resource, self._registry.devices(event.resource))
