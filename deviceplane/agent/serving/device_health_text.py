@@ -2,11 +2,11 @@
 kept while the resource's IDs and healthy set are the same, and `deviceplane_device_health_transitions_total` (with
 its `_created`), kept until a count changes.
 
-It has a series per device, and a scrape runs on the agent's event loop: through prometheus_client (a sample object
-per device, then a label dict sorted and escaped per line) 10 resources x 1,000 devices took 44 ms of the loop per
-scrape and 10 x 10,000 took 565 ms, every scrape, with nothing changed. Written here, a resource of 10,000 whose
-health changed costs ~3 ms and an unchanged one nothing (benchmarks/reads.py). The text is byte for byte what
-prometheus_client writes for the same family (tests/unit/test_device_health_text.py compares them).
+Each has a series per device, and a scrape runs on the agent's event loop: through prometheus_client (a sample
+object per device, then a label dict sorted and escaped per line) the health of 10 resources x 1,000 devices took
+44 ms of the loop per scrape and of 10 x 10,000 565 ms, every scrape, with nothing changed. Written here, a resource
+of 10,000 whose health changed costs ~3 ms and an unchanged one nothing (benchmarks/reads.py). The text is byte for
+byte what prometheus_client writes for the same families (tests/unit/test_device_health_text.py compares them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from deviceplane.core.registry import DeviceRegistry
 NAME = "deviceplane_device_health"
 DOCUMENTATION = "Device health as the agent sees it: 1 healthy, 0 unhealthy (or its plugin disconnected)."
 LABELS = ("node", "resource_name", "device_id")
-
 
 # prometheus_client's float formatting (Go's: 1.0, 1.764e+09), so the text is what it would write; the module is untyped
 float_text = cast(Callable[[float], str], utils.floatToGoString)

@@ -36,7 +36,7 @@ class DeviceStateCollector(Collector):
         self._allocated = allocated
 
     def collect(self) -> Iterator[Metric]:
-        # deviceplane_device_health, a series per device, is written by DeviceHealthText
+        # deviceplane_device_health, a series per device, is written as text directly (AgentMetrics.exposition)
         devices = GaugeMetricFamily(
             "deviceplane_devices", "Devices by state.", labels=["node", "resource_name", "state"]
         )
@@ -114,7 +114,7 @@ class AgentMetrics:
         self._allocation_count("", AllocationResult.INTERNAL)
 
     def exposition(self) -> tuple[bytes, ...]:
-        """What `/metrics` serves, in pieces: every family in the text format, the per-device health first."""
+        """What `/metrics` serves, in pieces: every family in the text format, the per-device ones first."""
         return (*self._device_health.pieces(), *self._transitions.pieces(), generate_latest(self.prometheus))
 
     def observe_admission(self, admitted: bool, seconds: float) -> None:
