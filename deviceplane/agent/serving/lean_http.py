@@ -191,6 +191,13 @@ class _Connection(asyncio.BufferedProtocol):
         self._write_paused = False
         self.last_active = time.monotonic()  # the client reads: not idle
         self._send_unsent()
+        if not self._unsent:
+            # Not from here: the transport calls this in the middle of its own write step, and closing it then
+            # (the linger, or the client's EOF already read) made asyncio report the connection lost twice.
+            asyncio.get_running_loop().call_soon(self._sent)
+
+    def _sent(self) -> None:
+        """Every answer handed over: go on with the connection."""
         if self._unsent or self._transport is None:
             return
         if self._linger_when_sent:
