@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,24 +37,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from benchmarks.compare import FILLER, AgentSide, admit_many, poll, start_sim, stop_procs
 from benchmarks.registration import BenchPlugin, make_devices, register_big
 from deviceplane.agent.plugins.contracts import DeviceEvent, DeviceEventKind
-from deviceplane.agent.serving.device_health_text import (
-    DOCUMENTATION,
-    LABELS,
-    NAME,
-    TRANSITIONS,
-    TRANSITIONS_DOCUMENTATION,
-)
+from deviceplane.agent.serving.device_health_text import TRANSITIONS, TRANSITIONS_DOCUMENTATION
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
+from tests.support.metrics_reference import HealthThroughPrometheusClient
 
 RESOURCES = 10
 READS = ("/metrics", "/api/v1/devices", "/api/v1/pods", "List", "GetAllocatableResources")
@@ -75,20 +68,6 @@ def registry(count: int) -> DeviceRegistry:
         reg.plugin_connected(name, f"/p/{r}.sock", PluginOptions(), time.monotonic())
         reg.apply_snapshot(name, f"/p/{r}.sock", devices(count))
     return reg
-
-
-class HealthThroughPrometheusClient(Collector):
-    """The family as the agent wrote it before: a sample per device through prometheus_client."""
-
-    def __init__(self, reg: DeviceRegistry) -> None:
-        self._registry = reg
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(NAME, DOCUMENTATION, labels=list(LABELS))
-        for state in self._registry.statuses():
-            for device_id in state.sorted_ids():
-                family.add_metric(["node", state.name, device_id], 1.0 if device_id in state.healthy else 0.0)
-        yield family
 
 
 def median_ms(scrape: Callable[[], object], rounds: int, before: Callable[[], object] = lambda: None) -> float:
@@ -116,7 +95,7 @@ def in_process_row(count: int, rounds: int) -> None:
     reg = registry(count)
     metrics = AgentMetrics(reg, "node", lambda _resource: 0)
     before = CollectorRegistry(auto_describe=False)
-    before.register(HealthThroughPrometheusClient(reg))
+    before.register(HealthThroughPrometheusClient(reg, "node"))
     before.register(metrics.prometheus)
     old = median_ms(lambda: generate_latest(before), rounds)
 
@@ -139,7 +118,7 @@ def in_process_row(count: int, rounds: int) -> None:
 def flipped_row(count: int, rounds: int) -> None:
     reg = registry(count)
     before = CollectorRegistry(auto_describe=False)
-    before.register(HealthThroughPrometheusClient(reg))
+    before.register(HealthThroughPrometheusClient(reg, "node"))
     counter = Counter(TRANSITIONS, TRANSITIONS_DOCUMENTATION, ["node", "resource_name", "device_id"], registry=before)
     metrics = AgentMetrics(reg, "node", lambda _resource: 0)
     for state in reg.statuses():

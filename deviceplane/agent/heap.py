@@ -124,8 +124,9 @@ class HeapKeeper:
                 self._settle_durations,
             )
         )
-        # Counted at each settle, not per scrape: gc.get_freeze_count() walks every frozen object (~8 ns each; ~7 ms
-        # of a scrape's time on the loop with 10 x 10,000 devices registered, benchmarks/reads.py --agent).
+        # Counted at each settle, not per scrape: gc.get_freeze_count() walks every frozen object (~8.5 ns each). With
+        # 10 x 10,000 devices registered, counting it per scrape held the loop ~5 ms more (9.6 against 4.7 ms,
+        # benchmarks/reads.py --agent).
         self._frozen_objects = Gauge(
             "deviceplane_agent_gc_frozen_objects",
             "Objects frozen out of the collector's generations, counted at the last heap settle (skipped by its "

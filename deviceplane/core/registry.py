@@ -365,7 +365,3 @@ class DeviceRegistry:
         """The checkpoint's RegisteredDevices: every resource, with its healthy IDs (sorted, for stable bytes; the
         lists are shared, read them only)."""
         return {name: state.sorted_healthy() for name, state in self._resources.items()}
-
-    def allocatable_devices(self) -> dict[str, list[Device]]:
-        """Spec §4.13 GetAllocatableDevices: the healthy devices of every resource."""
-        return {name: state.allocatable() for name, state in self._resources.items()}

@@ -3,19 +3,15 @@ same family: byte for byte, through random plugin lifecycles, with the per-resou
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Set
+from collections.abc import Set
 from unittest.mock import patch
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.registry import Collector
 
 from deviceplane.agent.serving.device_health_text import (
-    DOCUMENTATION,
-    LABELS,
     NAME,
     TRANSITIONS,
     TRANSITIONS_DOCUMENTATION,
@@ -24,6 +20,7 @@ from deviceplane.agent.serving.device_health_text import (
 )
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
+from tests.support.metrics_reference import HealthThroughPrometheusClient
 
 GRACE = 300.0
 RESOURCES = ("example.com/a", "example.com/b", 'x.io/q"uo\\te')
@@ -32,28 +29,13 @@ DEVICE_IDS = st.one_of(st.sampled_from(["d1", "d10", "d2", 'q"', "b\\s", "n\nl",
 HEALTH = st.sampled_from(["Healthy", "Unhealthy"])
 
 
-class ThroughPrometheusClient(Collector):
-    """The family as prometheus_client's own classes write it: the reference the direct text must equal."""
-
-    def __init__(self, registry: DeviceRegistry, node: str) -> None:
-        self._registry = registry
-        self._node = node
-
-    def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(NAME, DOCUMENTATION, labels=list(LABELS))
-        for state in self._registry.statuses():
-            for device_id in sorted(state.all_devices):
-                family.add_metric([self._node, state.name, device_id], 1.0 if device_id in state.healthy else 0.0)
-        yield family
-
-
 def joined(text: DeviceHealthText) -> bytes:
     return b"".join(text.pieces())
 
 
 def reference(registry: DeviceRegistry, node: str) -> bytes:
     theirs = CollectorRegistry(auto_describe=False)
-    theirs.register(ThroughPrometheusClient(registry, node))
+    theirs.register(HealthThroughPrometheusClient(registry, node))
     return generate_latest(theirs)
 
 

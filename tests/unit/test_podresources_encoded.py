@@ -165,10 +165,11 @@ def check_allocatable(servicer: PodResourcesServicer, registry: DeviceRegistry) 
     assert kept == fresh
     whole = pr.AllocatableResourcesResponse.FromString(fresh)
     assert whole.SerializeToString() == fresh
-    expected = sorted(
-        (resource, device.id, numa)
-        for resource, listed in registry.allocatable_devices().items()
-        for device in listed
+    expected = sorted(  # from the registry's state itself, not through what the servicer calls
+        (state.name, device_id, numa)
+        for state in registry.statuses()
+        for device_id, device in state.all_devices.items()
+        if device_id in state.healthy
         for numa in device.numa_nodes or (None,)
     )
     got = [

@@ -81,10 +81,14 @@ def test_allocatable_devices_multiple_resources() -> None:
     reg.plugin_connected("res2", "/s2", OPTS, 0)
     reg.apply_snapshot("res1", "/s1", devs("R1D1:H", "R1D2:H", "R1D3:U"))
     reg.apply_snapshot("res2", "/s2", devs("R2D1:H"))
-    got = {r: [d.id for d in ds] for r, ds in reg.allocatable_devices().items()}
-    assert got == {"res1": ["R1D1", "R1D2"], "res2": ["R2D1"]}
+    assert allocatable(reg) == {"res1": ["R1D1", "R1D2"], "res2": ["R2D1"]}
     reg.apply_snapshot("res1", "/s1", devs("R1D1:H", "R1D2:H", "R1D3:H"))
-    assert [d.id for d in reg.allocatable_devices()["res1"]] == ["R1D1", "R1D2", "R1D3"]
+    assert allocatable(reg)["res1"] == ["R1D1", "R1D2", "R1D3"]
+
+
+def allocatable(reg: DeviceRegistry) -> dict[str, list[str]]:
+    """Spec §4.13 GetAllocatableDevices, as PodResources asks it: each resource's healthy devices."""
+    return {state.name: [d.id for d in state.allocatable()] for state in reg.statuses()}
 
 
 def test_endpoint_sync_on_disconnect() -> None:

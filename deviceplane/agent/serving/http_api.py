@@ -20,8 +20,8 @@ _METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST.encode()
 
 
 def json_body(payload: Any) -> bytes:
-    """Compact JSON, non-ASCII as UTF-8. Written by pydantic's serializer (pydantic_core, already a dependency): the
-    pods of 5,000 containers holding devices (2.8 MB) take the loop 7 ms, against 25 ms through json.dumps."""
+    """Compact JSON, non-ASCII as UTF-8. Written by pydantic's serializer (pydantic_core, already a dependency): a
+    listing shaped like 5,000 pods' (2.8 MB) took 7 ms in process, against 25 ms through json.dumps."""
     try:
         return pydantic_core.to_json(payload)
     except pydantic_core.PydanticSerializationError:
