@@ -20,10 +20,16 @@ TIMEOUT_SECONDS = 5.0
 # Every device of a large node makes an unreadable table, and its JSON holds the agent's event loop (~0.2 s for 100,000
 # devices, benchmarks/reads.py): the same bound as NodeDevices unless asked for more.
 DEFAULT_MAX_DEVICES = 128
+# The largest `limit` /api/v1/devices takes (nine digits): more devices than any node has.
+MAX_DEVICES_BOUND = 999_999_999
 
 
 class Unreachable(Exception):
     pass
+
+
+class Refused(Exception):
+    """The agent answered, with an error."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +52,10 @@ def max_devices(text: str) -> int | None:
         return None
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a number of devices or 'all', got {text!r}")
-    return int(text)
+    count = int(text)
+    if count > MAX_DEVICES_BOUND:
+        raise argparse.ArgumentTypeError(f"at most {MAX_DEVICES_BOUND} devices, or 'all', got {text}")
+    return count
 
 
 def base_url(url: str) -> str:
@@ -59,11 +68,20 @@ def fetch(url: str, path: str) -> Any:
         with urllib.request.urlopen(base_url(url) + path, timeout=TIMEOUT_SECONDS) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as err:
-        raise Unreachable(f"{path} answered {err.code} {err.reason}") from err
+        raise Refused(f"{path} answered {err.code} {err.reason}{error_detail(err)}") from err
     except urllib.error.URLError as err:
         raise Unreachable(str(getattr(err.reason, "strerror", None) or err.reason)) from err
     except (OSError, ValueError) as err:
         raise Unreachable(str(err)) from err
+
+
+def error_detail(err: urllib.error.HTTPError) -> str:
+    """`: message` from the agent's `{"error": message}` body, or nothing."""
+    try:
+        message = json.loads(err.read()).get("error")
+    except (OSError, ValueError, AttributeError, RecursionError):  # not the agent's JSON: the status line says enough
+        return ""
+    return f": {message}" if isinstance(message, str) and message else ""
 
 
 def owner(device: dict[str, Any]) -> str:
@@ -128,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         pods = fetch(args.url, "/api/v1/pods")
     except Unreachable as err:
         print(f"deviceplane status: cannot reach the agent at {args.url}: {err}", file=sys.stderr)
+        return 1
+    except Refused as err:
+        print(f"deviceplane status: the agent at {args.url} refused: {err}", file=sys.stderr)
         return 1
     if args.output == "json":
         print(json.dumps({"devices": devices, "pods": pods}, indent=2))

@@ -91,6 +91,22 @@ def test_status_lists_128_devices_per_resource_unless_told(
     assert "g000" in table.stdout and "g002" not in table.stdout
     refused = status("--url", agent.url, "--max-devices", "many")
     assert refused.returncode == 2 and "expected a number of devices or 'all', got 'many'" in refused.stderr
+    # Past the API's nine digits: refused here, not sent (the agent would answer 400, once read as "cannot reach").
+    too_many = status("--url", agent.url, "--max-devices", "1000000000")
+    assert too_many.returncode == 2 and "at most 999999999 devices, or 'all', got 1000000000" in too_many.stderr
+    assert listed("--max-devices", "999999999") == (130, False, 130)
+
+
+def test_status_says_what_the_agent_answered(agent_factory: Callable[..., AgentProcess]) -> None:
+    """An agent that answers with an error is reachable: the status says what it answered, with the error its body
+    gives, not that it cannot reach it."""
+    agent = agent_factory()
+    url = agent.url + "/elsewhere"  # a URL whose paths the agent does not serve
+    result = status("--url", url)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"deviceplane status: the agent at {url} refused: /api/v1/devices?limit=128 answered 404 Not Found: not found"
+    ], result.stderr
 
 
 def test_status_unreachable_agent_is_one_clear_line() -> None:
