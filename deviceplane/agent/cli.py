@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plugin-dial-timeout",
         type=duration,
         default=10.0,
-        help="dial + GetDevicePluginOptions deadline during registration [10s, as the kubelet]",
+        help="deadline for dialling a registering plugin and asking its options, together [10s: the kubelet's dial's]",
     )
     parser.add_argument(
         "--allocate-timeout",

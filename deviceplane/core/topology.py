@@ -156,19 +156,25 @@ def _filter_provider_hints(hints: Mapping[str, list[TopologyHint] | None]) -> li
     return out or [[TopologyHint(None, True)]]
 
 
-def _best_non_preferred_count(hints: list[list[TopologyHint]], numa: Sequence[int]) -> int:
+def _best_non_preferred_count(hints: list[list[TopologyHint]]) -> int:
+    """Upstream maxOfMinAffinityCounts: the widest of the resources' narrowest affinities. A resource without any
+    affinity (no topology, or nothing that fits) has no narrowest and does not count."""
     best = 0
     for resource_list in hints:
-        smallest = len(numa)
-        for hint in resource_list:
-            if hint.affinity is not None:
-                smallest = min(smallest, _count(hint.affinity))
-        best = max(best, smallest)
+        counts = [_count(hint.affinity) for hint in resource_list if hint.affinity is not None]
+        if counts:
+            best = max(best, min(counts))
     return best
 
 
+def _fitter(current: TopologyHint, candidate: TopologyHint) -> TopologyHint:
+    """Upstream's mask comparison (Narrowest): the candidate only if strictly narrower, so a tie keeps `current`."""
+    assert current.affinity is not None and candidate.affinity is not None
+    return candidate if _narrower(candidate.affinity, current.affinity) else current
+
+
 def _compare(best_count: int, current: TopologyHint | None, candidate: TopologyHint) -> TopologyHint | None:
-    """Upstream compareHints."""
+    """Upstream HintMerger.compare (its case numbers below)."""
     assert candidate.affinity is not None
     if _count(candidate.affinity) == 0:
         return current
@@ -178,29 +184,46 @@ def _compare(best_count: int, current: TopologyHint | None, candidate: TopologyH
     if current.preferred != candidate.preferred:
         return candidate if candidate.preferred else current
     if current.preferred:
-        return candidate if _narrower(candidate.affinity, current.affinity) else current
+        return _fitter(current, candidate)
     # Both non-preferred: the mask whose size is closest to (not above) the widest minimum any resource needs.
     cur, cand = _count(current.affinity), _count(candidate.affinity)
-    if cur > best_count:
-        return candidate if cand < cur else current
-    if cur < best_count:
-        return candidate if cur < cand <= best_count else current
-    if cand != best_count:
+    if cur > best_count:  # 1: anything fitter brings it down
+        return _fitter(current, candidate)
+    if cur == best_count:  # 2: stay, unless the candidate is as wide and fitter
+        return _fitter(current, candidate) if cand == best_count else current
+    if cand > best_count:  # 3a
         return current
-    return candidate if _narrower(candidate.affinity, current.affinity) else current
+    if cand == best_count:  # 3b
+        return candidate
+    if cand != cur:  # 3ca, 3cb: the wider of two below the count
+        return candidate if cand > cur else current
+    return _fitter(current, candidate)  # 3cc
+
+
+def _merge_permutation(default: int, permutation: Iterable[TopologyHint]) -> TopologyHint:
+    """Upstream mergePermutation: the affinities ANDed; preferred only if every hint is, and every hint that has an
+    affinity has the same one (a node-0 hint merged with a nodes-0-and-1 hint fits node 0, but not as preferred)."""
+    affinity = default
+    preferred = True
+    first: int | None = None
+    for hint in permutation:
+        if hint.affinity is not None:
+            if first is None:
+                first = hint.affinity
+            elif hint.affinity != first:
+                preferred = False
+            affinity &= hint.affinity
+        if not hint.preferred:
+            preferred = False
+    return TopologyHint(affinity, preferred)
 
 
 def _merge(hints: list[list[TopologyHint]], numa: Sequence[int]) -> TopologyHint:
     default = mask_of(numa)
-    best_count = _best_non_preferred_count(hints, numa)
+    best_count = _best_non_preferred_count(hints)
     best: TopologyHint | None = None
     for permutation in itertools.product(*hints):
-        affinity = default
-        preferred = True
-        for hint in permutation:
-            affinity &= default if hint.affinity is None else hint.affinity
-            preferred = preferred and hint.preferred
-        best = _compare(best_count, best, TopologyHint(affinity, preferred))
+        best = _compare(best_count, best, _merge_permutation(default, permutation))
     return best if best is not None else TopologyHint(default, False)
 
 

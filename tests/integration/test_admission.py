@@ -322,6 +322,25 @@ def test_topology_policies(short_tmp: Path) -> None:
                 assert allocated(env, R1) == 0
 
 
+def test_restricted_refuses_one_node_merged_with_two(short_tmp: Path) -> None:
+    """The topology manager's merge through the agent, where it differs from ANDing preferences: one device of R1 fits
+    either node, two of R2 need both. Node 0 satisfies both, but the hints' masks differ ({0} and {0,1}), so upstream
+    does not prefer it: restricted refuses the pod (deviceplane used to admit it), best-effort admits it."""
+    for policy, admitted in (("restricted", False), ("best-effort", True)):
+        with alloc_env(short_tmp / policy, "--topology-policy", policy, "--numa-nodes", "2") as env:
+            env.start_agent()
+            env.sim(R1, 2, 2)  # sim-0 on NUMA 0, sim-1 on NUMA 1
+            env.sim(R2, 2, 2)
+            write_pod(env.pod_dir, "both.json", pod_manifest("both", [container("main", {R1: 1, R2: 2})]))
+            settled = wait_settled(env.agent, "both")
+            assert settled["admitted"] is admitted, settled
+            if admitted:
+                assert len(devices_of(settled, R1)) == 1 and devices_of(settled, R2) == {"sim-0", "sim-1"}
+            else:
+                assert settled["reason"].startswith("TopologyAffinityError: Resources cannot be allocated with")
+                assert allocated(env, R1) == 0 and allocated(env, R2) == 0
+
+
 def test_concurrent_admissions_with_health_flapping(short_tmp: Path) -> None:
     """§6.1 item 20's spirit: many admissions while devices flap; no device is ever given twice."""
     with alloc_env(short_tmp, "--topology-policy", "best-effort", "--numa-nodes", "2") as env:
