@@ -31,6 +31,7 @@ C = "example.com/c"  # sim that goes away during an admission
 T = "example.com/t"  # sim, 4 devices on 2 NUMA nodes: a 3-device request fails the single-numa-node policy
 E = "example.com/empty"  # test plugin answering Allocate with no container response
 NONE = "example.com/none"  # nobody serves it
+UNREGISTERED = "<unregistered>"  # what its failures are counted under
 
 
 def count(agent: AgentProcess, resource: str, result: str) -> float:
@@ -59,9 +60,12 @@ def test_each_result_is_counted_once_under_its_resource(short_tmp: Path) -> None
             assert wait_settled(agent, "ok")["admitted"]
             assert count(agent, A, "success") == 1
 
+            assert count(agent, UNREGISTERED, "unregistered") == 0  # exists from the start, so increase() sees it
             simple_pod(env.pod_dir, "unregistered", NONE, 1)
             assert failed(agent, "unregistered") == f"cannot allocate unregistered device {NONE}"
-            assert count(agent, NONE, "unregistered") == 1
+            # A pod may name any resource: counted under one label, not a series per name.
+            assert count(agent, UNREGISTERED, "unregistered") == 1
+            assert 'resource_name="example.com/none"' not in agent.get_text("/metrics")
 
             b.control("POST", "/devices/sim-0/unhealthy")
             env.wait_devices(B, 0)
@@ -112,7 +116,7 @@ def test_each_result_is_counted_once_under_its_resource(short_tmp: Path) -> None
                 for line in agent.get_text("/metrics").splitlines()
                 if line.startswith("deviceplane_allocations_total{")
             }
-            expected = [(A, "success", 3), (C, "success", 1), (NONE, "unregistered", 1), (B, "unhealthy", 1),
+            expected = [(A, "success", 3), (C, "success", 1), (UNREGISTERED, "unregistered", 1), (B, "unhealthy", 1),
                         (A, "unavailable", 1), (T, "topology", 1), (E, "empty_response", 1), (A, "rpc_error", 1),
                         (A, "preferred_rpc_error", 1), (A, "pre_start_error", 1), (A, "timeout", 1),
                         (C, "no_endpoint", 1)]  # fmt: skip

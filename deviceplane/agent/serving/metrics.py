@@ -21,6 +21,9 @@ from deviceplane.core.registry import DeviceRegistry
 
 # Bound for hostile registrations: the counter keeps one series for all invalid names.
 INVALID_RESOURCE_LABEL = "<invalid>"
+# Bound for pod authors: a failure for a resource the agent does not know (any name a pod spec can hold) is counted
+# in one series, not one per name.
+UNREGISTERED_RESOURCE_LABEL = "<unregistered>"
 # A pod's admission: ~1 ms with one Allocate, seconds with the startup wait for plugins, up to PreStart's 30 s.
 ADMISSION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ADMISSION_RESULTS = ("admitted", "failed")
@@ -93,6 +96,7 @@ class AgentMetrics:
         )
         self.prometheus.register(DeviceStateCollector(registry, node, allocated))
         self._registry = registry
+        self._allocated = allocated
         # the per-device families, written as text directly (device_health_text.py)
         self._device_health = DeviceHealthText(registry, node)
         self._transitions = DeviceTransitions(node)
@@ -112,6 +116,7 @@ class AgentMetrics:
         self._alloc_durations: dict[str, Histogram] = {}
         self._allocation_counts: dict[tuple[str, AllocationResult], Counter] = {}
         self._allocation_count("", AllocationResult.INTERNAL)
+        self._allocation_count(UNREGISTERED_RESOURCE_LABEL, AllocationResult.UNREGISTERED)
 
     def exposition(self) -> tuple[bytes, ...]:
         """What `/metrics` serves, in pieces: every family in the text format, the per-device ones first."""
@@ -137,12 +142,20 @@ class AgentMetrics:
             self.registration_total.labels(INVALID_RESOURCE_LABEL).inc()
 
     def count_allocation(self, resource: str, result: AllocationResult) -> None:
-        self._allocation_count(resource, result).inc()
+        """Under the resource's name when a plugin registered it (its series exist from then on), the registry knows
+        it (restored from the checkpoint) or a pod holds its devices; else under `<unregistered>`: a pod may name any
+        resource."""
+        child = self._allocation_counts.get((resource, result))
+        if child is None:
+            known = resource in self._registry or self._allocated(resource) > 0
+            child = self._allocation_count(resource if known else UNREGISTERED_RESOURCE_LABEL, result)
+        child.inc()
 
     def _allocation_count(self, resource: str, result: AllocationResult) -> Counter:
         """The series, created at 0 when first named: `increase()` cannot see a series' first sample, so a failure
         kind first counted in a series made for it would never reach a rate or the plugin-calls alert. A resource's
-        results are made when it registers, the agent's own `internal` (no resource) at start."""
+        results are made when it registers; the agent's own `internal` (no resource) and `<unregistered>`'s
+        `unregistered` at start."""
         child = self._allocation_counts.get((resource, result))
         if child is None:
             child = self._allocation_counts[resource, result] = self.allocations_total.labels(resource, result.value)
