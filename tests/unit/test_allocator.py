@@ -225,23 +225,24 @@ def test_zero_request_skips_allocate_but_still_checks_health() -> None:
 
 def test_a_zero_limit_still_gives_topology_hints() -> None:
     """Upstream getContainerDeviceRequest keeps a zero limit, and generateDeviceTopologyHints(request=0) returns every
-    mask with the single-node ones preferred. Merged with R2's only hint {0,1}, best-effort picks {0}, so R2's three
-    devices start with the two aligned on node 0 whatever the plugin prefers. Without R1's hints the affinity would be
-    {0,1} and the plugin's choice (b0, b1, a0) would stand."""
+    mask with the single-node ones preferred: {0} and {1} preferred, {0,1} not. R2's three devices need both nodes
+    (its only hint, {0,1}, preferred). Alone, R2 is admitted under restricted; beside R1's zero request no merged hint
+    is preferred ({0} and {0,1} differ, and R1's {0,1} is not preferred), so restricted refuses the container, and
+    best-effort allocates across both nodes, where the plugin's choice stands."""
     devices = {
         R1: [("x0", "Healthy", (0,)), ("x1", "Healthy", (1,))],
         R2: [("a0", "Healthy", (0,)), ("a1", "Healthy", (0,)), ("b0", "Healthy", (1,)), ("b1", "Healthy", (1,))],
     }
     alloc = allocator_with(devices, PluginOptions(get_preferred_allocation_available=True))
-    drive(
-        alloc,
-        pod("p", ctr("c", {R1: 0, R2: 3})),
-        policy="best-effort",
-        numa=(0, 1),
-        preferred=lambda call: {"b0", "b1", "a0"},
-    )
-    held = alloc.pod_devices.container_devices("p", "c", R2)
-    assert held is not None and {"a0", "a1"} <= held and len(held) == 3, held
+    prefer = {"b0", "b1", "a0"}
+    drive(alloc, pod("alone", ctr("c", {R2: 3})), policy="restricted", numa=(0, 1), preferred=lambda call: prefer)
+    assert alloc.pod_devices.container_devices("alone", "c", R2) == prefer
+    alloc.release_pod("alone")
+    with pytest.raises(AllocationError) as err:
+        drive(alloc, pod("q", ctr("c", {R1: 0, R2: 3})), policy="restricted", numa=(0, 1))
+    assert err.value.kind == "topology" and "TopologyAffinityError" in str(err.value)
+    drive(alloc, pod("p", ctr("c", {R1: 0, R2: 3})), policy="best-effort", numa=(0, 1), preferred=lambda call: prefer)
+    assert alloc.pod_devices.container_devices("p", "c", R2) == prefer
     assert alloc.pod_devices.container_devices("p", "c", R1) is None
 
 
