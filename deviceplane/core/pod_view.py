@@ -3,6 +3,7 @@ allocations and the registry: pure, next to core/view.py."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from deviceplane.api.models import AllocatedTo
@@ -21,6 +22,9 @@ class AllocationHolders:
 
     def allocated_count(self, resource: str) -> int:
         return self._pod_devices.allocated_count(resource)
+
+    def held(self, resource: str) -> Collection[str]:
+        return self._pod_devices.allocated(resource)
 
     def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
         holder = self._pod_devices.holder(resource, device_id)

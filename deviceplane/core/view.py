@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -22,10 +22,17 @@ class Holders(Protocol):
 
     def holder(self, resource: str, device_id: str) -> AllocatedTo | None: ...
 
+    def held(self, resource: str) -> Collection[str]:
+        """The resource's devices that are held (asked only when a view cuts the resource's list)."""
+        ...
+
 
 class NoHolders:
     def allocated_count(self, resource: str) -> int:
         return 0
+
+    def held(self, resource: str) -> Collection[str]:
+        return ()
 
     def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
         return None
@@ -57,7 +64,10 @@ def resource_view(
         truncated = bool(state.all_devices)
     else:
         ids = state.sorted_ids()
-        shown = ids[:device_limit] if device_limit is not None else ids
+        if device_limit is None or len(ids) <= device_limit:
+            shown = ids
+        else:
+            shown = listed_first(state, holders.held(state.name), device_limit)
         truncated = len(shown) < len(ids)
     devices = []
     for device_id in shown:
@@ -82,6 +92,41 @@ def resource_view(
         devices=devices,
         devicesTruncated=truncated,
     )
+
+
+def listed_first(state: ResourceStatus, held: Collection[str], limit: int) -> list[str]:
+    """The `limit` devices a cut list shows, in ID order: the unhealthy ones first (effective health, as listed),
+    then the held ones, then the rest. The first `limit` IDs alone could leave out exactly the devices someone reads
+    the list for. Never a sort or a full pass of every ID when few are unhealthy or held: for 10 x 10,000 devices,
+    1 in 7 unhealthy (benchmarks/nodedevices.py's), 0.03 ms a resource; the whole bounded build 3.0 -> 3.9 ms."""
+    ids, devices = state.sorted_ids(), state.all_devices
+    picked: set[str] = set()
+    if len(state.healthy) < len(ids):
+        # The plugin's unhealthy set, when with the healthy one it is every device once (not after an ID sent twice
+        # with both healths): no pass over every ID to find them.
+        partitioned = len(state.healthy) + len(state.unhealthy) == len(ids)
+        _add_first(picked, ids, state.unhealthy if partitioned else devices.keys() - state.healthy, limit)
+    if held and len(picked) < limit:
+        _add_first(picked, ids, [d for d in held if d in devices and d not in picked], limit)
+    for device_id in ids:
+        if len(picked) >= limit:
+            break
+        picked.add(device_id)
+    return sorted(picked)  # sorted_ids' order
+
+
+def _add_first(picked: set[str], ids: Sequence[str], members: Collection[str], limit: int) -> None:
+    """Add to `picked` the first of `members` (devices of `ids`) in `ids`' order, until it holds `limit`."""
+    room = limit - len(picked)
+    if len(members) <= 4 * limit:  # few: sort them
+        picked.update(sorted(members)[:room])
+        return
+    wanted = members if isinstance(members, (set, frozenset)) else set(members)
+    for device_id in ids:  # many: the first ones come early in the scan
+        if len(picked) >= limit:
+            break
+        if device_id in wanted:
+            picked.add(device_id)
 
 
 def resource_counts(state: ResourceStatus) -> ResourceCounts:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -130,6 +130,9 @@ class Ownership:
 
     def allocated_count(self, resource: str) -> int:
         return self._view.allocated_counts.get(resource, 0)
+
+    def held(self, resource: str) -> Collection[str]:
+        return {device_id for (name, device_id) in self._view.holders if name == resource}
 
     def ready(self) -> str | None:
         return None if self.listed.is_set() else "kubelet PodResources not listed yet"
