@@ -45,6 +45,27 @@ NODE_DEVICES = CrdSpec(
         PrinterColumn("Devices", ".status.deviceCount", "integer", "Devices over all resources."),
         PrinterColumn("Healthy", ".status.healthyCount", "integer", "Healthy devices."),
         PrinterColumn("Allocated", ".status.allocatedCount", "integer", "Devices allocated to containers."),
+        # A stopped agent's counts stay as they were: only the heartbeat's age tells it from a live one.
+        PrinterColumn(
+            "Heartbeat",
+            ".status.agent.lastHeartbeatTime",
+            "date",
+            "When the node's agent last wrote (every minute while it runs).",
+        ),
+        PrinterColumn(
+            "Plugins",
+            '.status.conditions[?(@.type=="PluginsConnected")].status',
+            "string",
+            "PluginsConnected: every resource's plugin connected.",
+            priority=1,
+        ),
+        PrinterColumn(
+            "Devices-Healthy",
+            '.status.conditions[?(@.type=="DevicesHealthy")].status',
+            "string",
+            "DevicesHealthy: every device healthy.",
+            priority=1,
+        ),
     ),
     labels=LABELS,
 )

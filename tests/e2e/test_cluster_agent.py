@@ -6,6 +6,7 @@ Figures (registration → Node capacity, health flip → allocatable/NodeDevices
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from typing import Any
@@ -102,8 +103,12 @@ def test_node_status_and_nodedevices_follow_the_plugin(agent_installed: Cluster,
     assert obj["spec"] == {"nodeName": node}
     assert obj["status"]["agent"]["node"] == node
     table = cluster.kubectl("get", "nodedevices", node).splitlines()
-    assert table[0].split() == ["NAME", "RESOURCES", "DEVICES", "HEALTHY", "ALLOCATED", "AGE"], table
+    assert table[0].split() == ["NAME", "RESOURCES", "DEVICES", "HEALTHY", "ALLOCATED", "HEARTBEAT", "AGE"], table
     assert table[1].split()[:5] == [node, "1", "3", "3", "0"], table
+    assert re.fullmatch(r"\d+s", table[1].split()[5]), table  # the heartbeat's age: a stopped agent shows
+    wide = cluster.kubectl("get", "nodedevices", node, "-o", "wide").splitlines()
+    assert wide[0].split()[-3:] == ["PLUGINS", "DEVICES-HEALTHY", "AGE"], wide
+    assert wide[1].split()[-3:-1] == ["True", "True"], wide
 
     # A health flip reaches allocatable and NodeDevices within the debounce interval + 1 s.
     clock.start()

@@ -4,6 +4,7 @@ structural schemas (what the API server requires of a CRD)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 
@@ -77,12 +78,22 @@ def test_node_devices_crd_names_scope_columns() -> None:
         "Devices",
         "Healthy",
         "Allocated",
+        "Heartbeat",
+        "Plugins",
+        "Devices-Healthy",
         "Age",
     ]
+    # The conditions only with -o wide; the heartbeat as an age, so a stopped agent shows.
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert [name for name, c in columns.items() if c.get("priority")] == ["Plugins", "Devices-Healthy"]
+    assert columns["Heartbeat"]["type"] == "date"
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     # Every printer column reads a field the status schema has (else the column would be always empty).
     for column in version["additionalPrinterColumns"][:-1]:
-        assert column["jsonPath"].removeprefix(".status.") in status["properties"]
+        node = status
+        for part in re.findall(r"\.(\w+)", column["jsonPath"].removeprefix(".status").split("[")[0]):
+            node = node["properties"][part]
+        assert node, column
 
 
 def test_device_plugin_config_crd_constraints() -> None:
