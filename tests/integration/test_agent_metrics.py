@@ -30,6 +30,8 @@ def test_device_metrics_follow_state(agent: AgentProcess, plugin_factory: Callab
     assert agent.metric("deviceplane_devices", resource_name=R, state="unhealthy") == 1.0
     assert agent.metric("deviceplane_devices", resource_name=R, state="allocated") == 0.0
     assert agent.metric("deviceplane_plugin_connected", resource_name=R) == 1.0
+    version = agent.get("/api/v1/devices")["agent"]["version"]
+    assert agent.metric("deviceplane_agent_info", node="test-node", version=version) == 1.0
 
     # A device that disappears takes its series with it (no stale gauge).
     plugin.devices([["g0", "Unhealthy"], ["g1", "Healthy"]])

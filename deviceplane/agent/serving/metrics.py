@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from deviceplane import __version__
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.serving.device_health_text import DeviceHealthText, DeviceTransitions
 from deviceplane.agent.serving.duration_metrics import DurationsCollector
@@ -57,7 +58,13 @@ class DeviceStateCollector(Collector):
         tasks = GaugeMetricFamily("deviceplane_agent_asyncio_tasks", "asyncio tasks alive in the agent (leak check).")
         with contextlib.suppress(RuntimeError):  # scraped outside the loop thread: leave it empty
             tasks.add_metric([], len(asyncio.all_tasks()))
-        yield from (devices, connected, tasks)
+        info = GaugeMetricFamily(
+            "deviceplane_agent_info",
+            "Always 1: the node the agent serves and its version (a rollout's progress: count by version).",
+            labels=["node", "version"],
+        )
+        info.add_metric([self._node, __version__], 1.0)
+        yield from (devices, connected, tasks, info)
 
 
 class AgentMetrics:
