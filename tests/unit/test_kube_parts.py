@@ -1,13 +1,20 @@
 """The cluster-mode parts that decide without I/O: kubelet reasons for Events, watch-event decoding, what the pod
 source reports for any object, Node status values (gone resources as 0, quantities compared as quantities), backoff;
-and the Event queue's retries against a scripted API (faults the real API server cannot produce on demand).
-(Against a real API server: tests/e2e/test_cluster_agent.py, tests/e2e/test_cluster_publishers.py.)"""
+and the Event queue's retries against a scripted API (faults the real API server cannot produce on demand); a failed
+request tried once, against real local sockets (a closed port, a server that hangs up).
+(Against a real API server: tests/e2e/test_cluster_agent.py, tests/e2e/test_cluster_publishers.py,
+tests/e2e/test_cluster_api_faults.py.)"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import decode_event
+from deviceplane.agent.kube.client import KubeApi, api_client, decode_event
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.events import AdmissionEvents, kubelet_reason, warning_event
 from deviceplane.agent.kube.node_devices import node_devices_object, without_heartbeat
@@ -23,6 +30,7 @@ from deviceplane.agent.kube.node_status import NodeStatusPublisher
 from deviceplane.agent.kube.pod_watch import ApiPodSource
 from deviceplane.core.pods import Pod
 from deviceplane.core.registry import Capacity
+from tests.support.procs import free_port
 
 
 class RecordingSink:
@@ -186,13 +194,19 @@ def fast_backoff() -> Backoff:
 
 class ScriptedApi:
     """create_event fails with each status of `failures` in turn (0: unreachable), then succeeds; `down` makes every
-    call fail as an unreachable server does until it is cleared."""
+    call fail as an unreachable server does until it is cleared. get_event finds nothing: after a scripted 409 the
+    event expired before it was read, a race the real server offers once an hour (its Event TTL)."""
 
     def __init__(self, failures: tuple[int, ...] = ()) -> None:
         self.failures = list(failures)
         self.down = False
         self.calls = 0
+        self.reads = 0
         self.created: list[str] = []  # the pods whose events were created, in order
+
+    def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.reads += 1
+        return None
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         self.calls += 1
@@ -238,9 +252,10 @@ def test_event_is_retried_through_an_outage_however_long() -> None:
     assert (events.sent, events.dropped) == (1, 0)
 
 
-@pytest.mark.parametrize("status", [400, 403, 404, 409, 422])
+@pytest.mark.parametrize("status", [400, 403, 404, 422])
 def test_event_refused_by_the_server_is_dropped_and_the_next_sent(status: int) -> None:
-    """A 4xx other than 429 will not succeed on retry: that event is dropped at once, the next one goes out."""
+    """A 4xx other than 429 (and 409, below) will not succeed on retry: that event is dropped at once, the next one
+    goes out."""
     api = ScriptedApi(failures=(status,))
     events = AdmissionEvents(api, "n1", backoff=fast_backoff())  # type: ignore[arg-type]
     events.failed("api", api_pod("refused"), "x")
@@ -248,6 +263,38 @@ def test_event_refused_by_the_server_is_dropped_and_the_next_sent(status: int) -
     run_events(events, lambda: events.queued == 0)
     assert api.created == ["next"] and api.calls == 2
     assert (events.sent, events.dropped) == (1, 1)
+
+
+def test_event_that_expires_between_conflict_and_read_is_created_again() -> None:
+    """409: the pod's event exists (a repeat: it is read and counted, tests/e2e/test_cluster_api_faults.py). Gone by
+    the time it is read (expired): created afresh, not dropped; and a second 409 after that gives up, bounded."""
+    api = ScriptedApi(failures=(409,))
+    events = AdmissionEvents(api, "n1", backoff=fast_backoff())  # type: ignore[arg-type]
+    events.failed("api", api_pod("p1"), "x")
+    run_events(events, lambda: events.queued == 0)
+    assert (api.created, api.reads, events.sent, events.repeats, events.dropped) == (["p1"], 1, 1, 0, 0)
+
+    api = ScriptedApi(failures=(409, 409))
+    events = AdmissionEvents(api, "n1", backoff=fast_backoff())  # type: ignore[arg-type]
+    events.failed("api", api_pod("p1"), "x")
+    run_events(events, lambda: events.queued == 0)
+    assert (api.created, api.calls, events.sent, events.dropped) == ([], 2, 0, 1)
+
+
+def test_event_name_is_one_per_pod_and_reason_and_a_valid_name() -> None:
+    """A repeat must find the event by name: the same pod UID and reason give the same name, across processes (no
+    salt); another UID (the pod re-created) or reason, another. The longest pod name still makes a valid one."""
+    import re
+
+    from deviceplane.agent.kube.events import event_name
+
+    pod = api_pod("p1")
+    assert event_name(pod, "A") == event_name(Pod(pod.uid, "ns", "p1", "Running", (), ()), "A")
+    assert len({event_name(pod, "A"), event_name(pod, "B"), event_name(api_pod("p2"), "A")}) == 3
+    subdomain = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+    for name in ("p1", "a" * 253, "a" * 235 + "-b" + "c" * 16, "a" * 235 + ".b" + "c" * 16):
+        made = event_name(Pod("u", "ns", name, "Pending", (), ()), "UnexpectedAdmissionError")
+        assert len(made) <= 253 and subdomain.fullmatch(made), made
 
 
 def test_event_queue_stays_bounded_while_the_server_is_away() -> None:
@@ -327,3 +374,77 @@ def test_a_bracketed_ipv6_http_address_is_served() -> None:
         await server.close()
 
     asyncio.run(serve_and_stop())
+
+
+# -- one retry policy: the agent's backoff, not urllib3's -----------------------------------------------------------
+
+
+class HangUp:
+    """A real TCP server that closes every connection it accepts, before the TLS handshake: a server failing every
+    request. Counts the connections."""
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def kubeconfig_for(port: int, path: Path) -> Path:
+    cluster = {"server": f"https://127.0.0.1:{port}", "insecure-skip-tls-verify": True}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": cluster}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("server", ["closed port", "hangs up"])
+def test_a_failed_request_is_tried_once_and_logged_once(
+    server: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """urllib3 retried every failed request 3 times before the agent's own backoff, each time with a WARNING of its
+    own (69 in a 30 s outage), and against a server dropping packets waited 4 connect timeouts (~20 s). One try now,
+    and the one line is the agent's."""
+    hang_up = HangUp() if server == "hangs up" else None
+    port = hang_up.port if hang_up is not None else free_port()
+    source = ApiPodSource(KubeApi(api_client(kubeconfig_for(port, tmp_path / "kubeconfig"))), "n1", Backoff(60.0))
+    caplog.set_level(logging.WARNING)
+
+    async def first_failure() -> float:
+        started = time.monotonic()
+        task = asyncio.create_task(source.run(RecordingSink()))
+        await poll(lambda: bool(caplog.records), timeout=30.0)
+        took = time.monotonic() - started
+        await asyncio.sleep(0.3)  # anything logged late would show
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return took
+
+    try:
+        took = asyncio.run(first_failure())
+    finally:
+        if hang_up is not None:
+            hang_up.close()
+    lines = [(r.name, r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines == [("deviceplane.kube.pods", "WARNING", "pod watch failed; retrying")], lines
+    assert took < 2.0
+    if hang_up is not None:
+        assert hang_up.accepted == 1

@@ -9,12 +9,14 @@ the API server sent, as it sees static pod files.
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -28,6 +30,15 @@ NODE_DEVICES_PLURAL = "nodedevices"
 FIELD_MANAGER = "deviceplane-agent"
 # (connect, read) seconds: a hung API server costs a request at most this long, and the agent's shutdown too.
 REQUEST_TIMEOUT = (5.0, 15.0)
+# A watch's longest silence (urllib3 applies it to each socket read): the API server sends a bookmark about once a
+# minute (the first up to 120 s after the watch starts in an idle cluster), so 130 s (two intervals and slack)
+# without a byte means the connection is dead (a lost NAT entry, a peer gone without a FIN). Independent of the
+# watch's server-side timeout, which bounds a healthy watch, not a dead one.
+WATCH_READ_TIMEOUT = 130.0
+# What reading a response's body can raise: urllib3's errors (ProtocolError "Response ended prematurely" or
+# "Connection broken", ReadTimeoutError, SSLError, DecodeError) and what it lets through of http.client's and the
+# socket's.
+READ_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 MERGE_PATCH = "application/merge-patch+json"
 WRITE_OPTIONS: dict[str, Any] = {
     "field_manager": FIELD_MANAGER,
@@ -46,10 +57,16 @@ _iter_resp_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
 
 def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
     """A client from `kubeconfig`, or the in-cluster ServiceAccount (token re-read as the kubelet rotates it)."""
+    configuration = k8s.Configuration()
+    # urllib3 retries nothing: it retried each failed request 3 times, each with a WARNING, and against a server
+    # that drops packets waited 4 connect timeouts before the caller's own backoff (backoff.py) started. That
+    # backoff is the one retry. (Read before the client is made: the connection pool takes it then.)
+    configuration.retries = False
     try:
         if kubeconfig is not None:
-            return _new_client_from_config(config_file=str(kubeconfig), persist_config=False)
-        configuration = k8s.Configuration()
+            return _new_client_from_config(
+                config_file=str(kubeconfig), persist_config=False, client_configuration=configuration
+            )
         _load_incluster_config(client_configuration=configuration)
         return k8s.ApiClient(configuration)
     except (k8s_config.ConfigException, OSError, ValueError) as err:
@@ -66,7 +83,7 @@ def _describe(err: ApiException) -> str:
 
 
 def _call(what: str, fn: Callable[[], T]) -> T:
-    """Run one request; any failure becomes a KubeError saying what was attempted."""
+    """Run one request, its body read included; any failure becomes a KubeError saying what was attempted."""
     try:
         return fn()
     except ApiException as err:
@@ -78,23 +95,32 @@ def _call(what: str, fn: Callable[[], T]) -> T:
 def _read(what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
     """A GET: the object, or None when it does not exist."""
     try:
-        response = _call(what, fn)
+        return dict(_call(what, lambda: _json(fn())))
     except KubeError as err:
         if err.status == 404:
             return None
         raise
-    return dict(_json(response))
 
 
 def _write(what: str, fn: Callable[[], Any]) -> None:
-    _call(what, fn).release_conn()
+    _call(what, lambda: _drain(fn()))
 
 
+# With _preload_content=False a request returns once the headers are in: the body is read here, inside `_call`, so
+# a connection cut while it arrives is a KubeError too (it escaped as urllib3's ProtocolError).
 def _json(response: Any) -> Any:
     try:
         return json.loads(response.data)
     finally:
         response.release_conn()
+
+
+def _drain(response: Any) -> None:
+    # Read to the end before the connection goes back to the pool. Left unread, the next request took a new
+    # connection (urllib3 sees the bytes waiting) or failed with ResponseNotReady (bytes already buffered), which
+    # its retries, now off, had hidden.
+    _ = response.data
+    response.release_conn()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +141,13 @@ class KubeApi:
         self.host = str(client.configuration.host)
 
     def version(self) -> str:
-        response = _call(
+        body = _call(
             f"GET {self.host}/version",
-            lambda: k8s.VersionApi(self.client).get_code(_request_timeout=REQUEST_TIMEOUT, _preload_content=False),
+            lambda: _json(
+                k8s.VersionApi(self.client).get_code(_request_timeout=REQUEST_TIMEOUT, _preload_content=False)
+            ),
         )
-        return str(_json(response).get("gitVersion", "?"))
+        return str(body.get("gitVersion", "?"))
 
     # -- nodes ------------------------------------------------------------------------------------------------------
 
@@ -156,14 +184,15 @@ class KubeApi:
 
     def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the status; the object as stored (its metadata tells whether it still has its owner)."""
-        response = _call(
-            f"patch nodedevices {name} status",
-            lambda: self.custom.patch_cluster_custom_object_status(
-                GROUP, VERSION, NODE_DEVICES_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
-                **WRITE_OPTIONS,
-            ),
+        return dict(
+            _call(
+                f"patch nodedevices {name} status",
+                lambda: _json(self.custom.patch_cluster_custom_object_status(
+                    GROUP, VERSION, NODE_DEVICES_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
+                    **WRITE_OPTIONS,
+                )),
+            )
         )  # fmt: skip
-        return dict(_json(response))
 
     def patch_node_devices(self, name: str, patch: dict[str, Any]) -> None:
         """A merge patch of the object (its metadata: the ownerReference restored)."""
@@ -178,53 +207,77 @@ class KubeApi:
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
         """Every pod bound to `node`, and the list's resourceVersion (to watch from)."""
-        response = _call(
+        body = _call(
             f"list pods on {node}",
-            lambda: self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}",
-                _request_timeout=(REQUEST_TIMEOUT[0], 60.0),
-                _preload_content=False,
+            lambda: _json(
+                self.core.list_pod_for_all_namespaces(
+                    field_selector=f"spec.nodeName={node}",
+                    _request_timeout=(REQUEST_TIMEOUT[0], 60.0),
+                    _preload_content=False,
+                )
             ),
         )
-        body = _json(response)
         return list(body.get("items") or []), str(body["metadata"]["resourceVersion"])
 
-    def watch_pods(self, node: str, resource_version: str, timeout_seconds: int) -> Iterator[WatchEvent]:
+    def watch_pods(
+        self, node: str, resource_version: str, timeout_seconds: int, read_timeout: float = WATCH_READ_TIMEOUT
+    ) -> Iterator[WatchEvent]:
         """Changes to pods on `node` after `resource_version`, until the server ends the watch (timeout_seconds).
 
-        Raises ResourceExpired when the version is too old (410), KubeError on other errors."""
+        Raises ResourceExpired when the version is too old (410), KubeError on other errors: the request's, and the
+        stream's (the connection cut, or silent for `read_timeout` seconds)."""
+        what = f"watch pods on {node}"
         response = _call(
-            f"watch pods on {node}",
+            what,
             lambda: self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node}",
                 watch=True,
                 allow_watch_bookmarks=True,
                 resource_version=resource_version,
                 timeout_seconds=timeout_seconds,
-                # The server sends bookmarks about once a minute; a silent connection for longer is a dead one.
-                _request_timeout=(REQUEST_TIMEOUT[0], timeout_seconds + 90.0),
+                _request_timeout=(REQUEST_TIMEOUT[0], read_timeout),
                 _preload_content=False,
             ),
         )
         try:
-            for line in _call(f"watch pods on {node}", lambda: list_lines(response)):
-                event = decode_event(line, f"watch pods on {node}")
+            for line in stream_lines(what, response):
+                event = decode_event(line, what)
                 kind, obj = event["type"], event["object"]
                 if kind == "ERROR":
                     code = int(obj.get("code") or 0)
-                    message = f"watch pods on {node}: {code} {obj.get('reason')}: {obj.get('message')}"
+                    message = f"{what}: {code} {obj.get('reason')}: {obj.get('message')}"
                     raise ResourceExpired(message, 410) if code == 410 else KubeError(message, code)
                 yield WatchEvent(str(kind), obj)
         finally:
+            # A stream left before its end is closed by urllib3 as its generator is (it never goes back reusable).
             response.release_conn()
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        """Raises KubeError with status 409 when an event of that name exists."""
         _write(
-            f"create event in {namespace}",
+            f"create event {namespace}/{body['metadata']['name']}",
             lambda: self.core.create_namespaced_event(
                 namespace, body, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
             ),
         )
+
+    def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return _read(
+            f"get event {namespace}/{name}",
+            lambda: self.core.read_namespaced_event(
+                name, namespace, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
+            ),
+        )
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch of the event (its count, lastTimestamp and message)."""
+        _write(
+            f"patch event {namespace}/{name}",
+            lambda: self.core.patch_namespaced_event(
+                name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT,
+                _preload_content=False,
+            ),
+        )  # fmt: skip
 
 
 def decode_event(line: str, what: str) -> dict[str, Any]:
@@ -238,6 +291,17 @@ def decode_event(line: str, what: str) -> dict[str, Any]:
     return event
 
 
-def list_lines(response: Any) -> Iterator[str]:
-    """The non-empty lines of a streamed response; read errors surface from the iteration (wrapped by `_call`)."""
-    return (line for line in _iter_resp_lines(response) if line)
+def stream_lines(what: str, response: Any) -> Iterator[str]:
+    """The non-empty lines of a streamed response. An error reading it (the connection cut, a read timeout) is a
+    KubeError, as the request's own are: it escapes from the iteration, where `_call` around the generator's
+    creation never saw it."""
+    lines = _iter_resp_lines(response)
+    while True:
+        try:
+            line = next(lines, None)
+        except READ_ERRORS as err:
+            raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
+        if line is None:
+            return
+        if line:
+            yield line

@@ -6,12 +6,18 @@ the topology manager, and records a Warning Event with them. Events are queued a
 with capped backoff for as long as it is queued when the server cannot take it now (unreachable, 429, 5xx: an API
 server restart loses nothing), and dropped when the server refuses it (any other 4xx). The queue is bounded: when it
 is full the oldest event is dropped (counted and logged), the one being retried included.
+
+A pod's event is named after its UID and reason (`event_name`), so a repeat (the pod refused again after an agent
+restart, or admitted again) finds the one already there and raises its `count` and `lastTimestamp`, as the kubelet's
+event aggregation does, instead of adding another event with `count: 1`: create, and on 409 AlreadyExists read it
+and patch it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import logging
 import time
 from typing import Any
@@ -30,6 +36,9 @@ COMPONENT = "deviceplane-agent"
 UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
 MAX_QUEUED = 1000
 TOO_MANY_REQUESTS = 429
+CONFLICT = 409
+# An Event's name is a DNS subdomain (253 characters): the pod's name, cut to leave room for "." and the digest.
+NAME_PREFIX_MAX = 253 - 17
 
 
 def worth_retrying(err: KubeError) -> bool:
@@ -45,12 +54,19 @@ def kubelet_reason(failure: str) -> tuple[str, str]:
     return UNEXPECTED_ADMISSION_ERROR, f"Allocate failed due to {failure}, which is unexpected"
 
 
+def event_name(pod: Pod, reason: str) -> str:
+    """The same for every refusal of this pod (its UID: a pod re-created under its name is another) for `reason`,
+    across agent restarts. `<pod>.<16 hex digits>`, as the kubelet's `<pod>.<hex time>` reads."""
+    digest = hashlib.sha256(f"{pod.uid}\0{reason}".encode()).hexdigest()[:16]
+    return f"{pod.name[:NAME_PREFIX_MAX].rstrip('-.')}.{digest}"
+
+
 def warning_event(pod: Pod, reason: str, message: str, node: str, now: float) -> dict[str, Any]:
     stamp = rfc3339(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{pod.name}.", "namespace": pod.namespace},
+        "metadata": {"name": event_name(pod, reason), "namespace": pod.namespace},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name,
                            "uid": pod.uid},
         "type": "Warning",
@@ -63,6 +79,33 @@ def warning_event(pod: Pod, reason: str, message: str, node: str, now: float) ->
         "lastTimestamp": stamp,
         "count": 1,
     }  # fmt: skip
+
+
+def record(api: KubeApi, event: dict[str, Any]) -> bool:
+    """Create `event`, or count it into the one of its name already there (True). Blocking: run it off the loop.
+
+    Two creates at most: an event can expire (the API server keeps them an hour) between the 409 and the read."""
+    metadata = event["metadata"]
+    namespace, name = metadata["namespace"], metadata["name"]
+    for _ in range(2):
+        try:
+            api.create_event(namespace, event)
+            return False
+        except KubeError as err:
+            if err.status != CONFLICT:
+                raise
+        existing = api.get_event(namespace, name)
+        if existing is None:
+            continue
+        count = existing.get("count")
+        patch = {
+            "count": (count if isinstance(count, int) and count > 0 else 1) + 1,
+            "lastTimestamp": event["lastTimestamp"],
+            "message": event["message"],  # the newest refusal's words
+        }
+        api.patch_event(namespace, name, patch)
+        return True
+    raise KubeError(f"event {namespace}/{name} exists, then does not: gave up", CONFLICT)
 
 
 class AdmissionEvents:
@@ -81,6 +124,7 @@ class AdmissionEvents:
         self.source = source
         self.backoff = backoff or Backoff(maximum=10.0)
         self.sent = 0
+        self.repeats = 0  # of the events sent, those counted into an existing one
         self.dropped = 0  # refused by the server, or pushed out of a full queue
         self._queue: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_queued)
         self._wake = asyncio.Event()
@@ -114,7 +158,7 @@ class AdmissionEvents:
         """Send the oldest queued event, retrying while it stays queued; then take it off the queue."""
         while self._queue and self._queue[0] is event:
             try:
-                await off_loop(self.api.create_event, event["metadata"]["namespace"], event)
+                repeat = await off_loop(record, self.api, event)
             except KubeError as err:
                 if worth_retrying(err):
                     delay = self.backoff.delay()
@@ -125,6 +169,7 @@ class AdmissionEvents:
                 log.warning("event refused; dropped", extra={"error": str(err), "dropped": self.dropped})
             else:
                 self.sent += 1
+                self.repeats += repeat
             self._done(event)
         self.backoff.reset()
 

@@ -1,9 +1,10 @@
 """Pods from the API server: the pods bound to this node (`spec.nodeName=<node>`), as a PodSource.
 
 List, report every pod, say `synced`, then watch from the list's resourceVersion; a watch that ends (server
-timeout, broken connection) resumes from the last version seen (bookmarks keep it fresh); a version the server no
-longer has (410 Gone) means list again and report the difference. Errors are retried with backoff; meanwhile the
-pods already reported stay as they are (the agent keeps admitting static pods and serving what it has).
+timeout, the connection cut or silent past the read timeout) resumes from the last version seen (bookmarks keep it
+fresh); a version the server no longer has (410 Gone) means list again and report the difference. Errors are retried
+with backoff; meanwhile the pods already reported stay as they are (the agent keeps admitting static pods and
+serving what it has).
 
 Keys are `namespace/name`; the pod's UID comes from the object, so a pod deleted and re-created under the same name
 is a new pod. Deletion reports `pod_gone`; a terminal phase (Succeeded/Failed) is reported as a pod update and the
@@ -19,7 +20,7 @@ from typing import Any
 
 from deviceplane.agent.admission.pod_source import PodSink
 from deviceplane.agent.kube.backoff import Backoff
-from deviceplane.agent.kube.client import KubeApi, WatchEvent
+from deviceplane.agent.kube.client import WATCH_READ_TIMEOUT, KubeApi, WatchEvent
 from deviceplane.agent.kube.errors import KubeError, ResourceExpired
 from deviceplane.aio import off_loop
 from deviceplane.core.pods import PodError, parse_pod
@@ -45,11 +46,13 @@ class ApiPodSource:
         node: str,
         backoff: Backoff | None = None,
         watch_timeout: int = WATCH_TIMEOUT_SECONDS,
+        read_timeout: float = WATCH_READ_TIMEOUT,
     ) -> None:
         self.api = api
         self.node = node
         self.backoff = backoff or Backoff()
         self.watch_timeout = watch_timeout
+        self.read_timeout = read_timeout
         self.synced = False
         self.lists = 0
         self._known: set[str] = set()
@@ -65,9 +68,12 @@ class ApiPodSource:
             except ResourceExpired as err:
                 log.info("pod watch expired; listing again", extra={"error": str(err)})
                 self._version = None
-            except KubeError as err:
+            except KubeError as err:  # the version is kept: the next watch resumes from it
                 delay = self.backoff.delay()
-                log.warning("pod watch failed; retrying", extra={"error": str(err), "retry_in": delay})
+                log.warning(
+                    "pod watch failed; retrying",
+                    extra={"error": str(err), "retry_in": delay, "resourceVersion": self._version},
+                )
                 await asyncio.sleep(delay)
             except Exception:  # a bug must not end the source for good: list again after a pause
                 delay = self.backoff.delay()
@@ -110,7 +116,7 @@ class ApiPodSource:
                 self._report(sink, event.type, event.object)
 
         def stream(version: str) -> None:
-            for event in self.api.watch_pods(self.node, version, self.watch_timeout):
+            for event in self.api.watch_pods(self.node, version, self.watch_timeout, self.read_timeout):
                 if not active.is_set():
                     return
                 try:

@@ -1,0 +1,107 @@
+"""A TCP proxy between a client and a server, for faults of the network between them: real connections, which the
+test can cut (both ends see the connection closed mid-stream, as when a server restarts) or blackhole (nothing more
+is forwarded either way and nothing is closed: a connection that died silently, as behind a lost NAT entry).
+Connections opened after a fault are forwarded as usual."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class _Link:
+    client: socket.socket
+    server: socket.socket
+    forwarding: bool = True
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def close(self) -> None:
+        for sock in (self.client, self.server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the pumps blocked in recv, sends the FIN
+            sock.close()
+
+
+class TcpProxy:
+    def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.accepted = 0  # connections accepted so far
+        self._links: list[_Link] = []
+        self._lock = threading.Lock()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)  # so the accept loop sees close()
+        self.port = int(self._listener.getsockname()[1])
+        self._closed = threading.Event()
+        self._acceptor = threading.Thread(target=self._accept, name="tcp-proxy accept", daemon=True)
+        self._acceptor.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def cut(self) -> int:
+        """Close every open connection, both ends; the number closed."""
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
+            link.close()
+        return len(links)
+
+    def blackhole(self) -> int:
+        """Stop forwarding on every open connection, without closing any; the number affected. What arrives on
+        them is read and dropped, so neither end's writes block."""
+        with self._lock:
+            links = list(self._links)
+        for link in links:
+            link.forwarding = False
+        return len(links)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._acceptor.join(timeout=5)
+        self._listener.close()
+        with self._lock:
+            links, self._links = self._links, []
+        for link in links:
+            link.close()
+        for link in links:
+            for thread in link.threads:
+                thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            server.settimeout(None)
+            link = _Link(client, server)
+            with self._lock:
+                self.accepted += 1
+                self._links.append(link)
+            for src, dst in ((client, server), (server, client)):
+                thread = threading.Thread(target=self._pump, args=(link, src, dst), name="tcp-proxy", daemon=True)
+                link.threads.append(thread)
+                thread.start()
+
+    @staticmethod
+    def _pump(link: _Link, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                if link.forwarding:
+                    dst.sendall(data)
+            if link.forwarding:
+                dst.shutdown(socket.SHUT_WR)  # pass the end on: a half-close stays a half-close
+        except OSError:
+            pass
