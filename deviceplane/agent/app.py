@@ -44,6 +44,7 @@ from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.plugins.plugin_watcher import PluginWatcher
 from deviceplane.agent.plugins.registration import RegistrationServicer, cleanup_plugin_dir
 from deviceplane.agent.plugins.registration_server import RegistrationServer
+from deviceplane.agent.plugins.restored import RestoredPlugins
 from deviceplane.agent.proxy.mode import ProxyMode
 from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.serving.api_views import ApiViews
@@ -55,6 +56,7 @@ from deviceplane.agent.serving.http_api import api_routes
 from deviceplane.agent.serving.lean_http import LeanHttpServer
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.serving.podresources import PodResourcesServer, PodResourcesServicer
+from deviceplane.agent.serving.publish_metrics import NODE_STATUS, NODEDEVICES, PublishCollector
 from deviceplane.agent.serving.state_metrics import busy_poll_seconds, journal_corrupt_records
 from deviceplane.agent.state.checkpoint_store import CheckpointStore
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
@@ -144,6 +146,8 @@ class Agent:
         self.supervisor = Supervisor(self.metrics.prometheus)
         # A thread that reports a blocked event loop, which /readyz and /metrics (served by that loop) cannot.
         self.loop_watchdog = loop_watchdog(config.loop_stall_seconds, self.metrics.prometheus, WATCHDOG_PREFIX)
+        # The restored resources until their plugins are back: what NodeDevices' first write waits for.
+        self.restored_plugins = RestoredPlugins(self.registry, config.startup_plugin_wait)
         self.views = ApiViews(
             self.registry,
             self.pods,
@@ -186,7 +190,7 @@ class Agent:
         # -- plugin side ------------------------------------------------------------------------------------------
         device_changes = DeviceChanges()
         # extension point: device listeners (a Node/NodeDevices publisher is constructed above and added here)
-        listeners: list[DeviceListener] = [self.metrics.on_device_event, device_changes]
+        listeners: list[DeviceListener] = [self.metrics.on_device_event, device_changes, self.restored_plugins]
         connector: PluginConnector = PluginClient
         self.proxy: ProxyMode | None = None
         if config.kubelet_dir is not None and self.ownership is not None:
@@ -295,11 +299,14 @@ class Agent:
             from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
             from deviceplane.agent.kube.node_status import NodeStatusPublisher
             from deviceplane.agent.kube.pod_watch import ApiPodSource
+            from deviceplane.agent.kube.publishing import PublishRecord
         except ImportError as err:
             raise KubeError(f"{CLUSTER_EXTRA_HINT} ({err})") from err
         config = self.config
         api = KubeApi(api_client(config.kubeconfig))
         ownership = self.ownership
+        # Each kept by its publisher and read by the metrics at scrape time.
+        published = {NODEDEVICES: PublishRecord("NodeDevices")}
         node_devices = NodeDevicesPublisher(
             api,
             config.node_name,
@@ -307,22 +314,29 @@ class Agent:
             allocations=(lambda: ownership.generation) if ownership else (lambda: self.pod_devices.generation),
             # Proxy mode: not before the kubelet's owners are listed (agent mode restores its own at start).
             owners_known=ownership.listed.wait if ownership else None,
+            plugins_back=self.restored_plugins,
+            record=published[NODEDEVICES],
             debounce=config.nodedevices_debounce,
             max_devices=config.nodedevices_max_devices,
         )
         if proxy:
+            self.metrics.prometheus.register(PublishCollector(published))
             return ClusterMode(api=api, node_devices=node_devices)
+        published[NODE_STATUS] = PublishRecord("node status")
+        events = AdmissionEvents(api, config.node_name)
+        self.metrics.prometheus.register(PublishCollector(published, lambda: events.dropped))
         return ClusterMode(
             api=api,
             node_devices=node_devices,
             pods=ApiPodSource(api, config.node_name),
-            events=AdmissionEvents(api, config.node_name),
+            events=events,
             node_status=NodeStatusPublisher(
                 api,
                 config.node_name,
                 self.registry.capacity,
                 # Asked now, before start writes anything into the plugin dir (its socket, a fresh checkpoint).
                 reset_extended_resources=self._checkpoint_file.should_reset_extended_resources(),
+                record=published[NODE_STATUS],
             ),
         )
 
@@ -367,6 +381,8 @@ class Agent:
             removed = cleanup_plugin_dir(plugin_dir)
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
+        registered = (restored.RegisteredDevices if restored is not None else None) or {}
+        self.restored_plugins.restored({*registered, *self.pod_devices.devices()})
 
         await self.registration.start()
         await self._http.start(self.config.http_addr)
@@ -375,6 +391,7 @@ class Agent:
             # Plugins already in the registry dir are found before admission starts.
             self.supervisor.add("plugin-watcher", self._run_watcher)
             await self._watcher_ready.wait()
+        self.restored_plugins.start()  # from here, as admission's wait for plugins (admission.start below)
         if self.proxy is None:  # in proxy mode the kubelet admits pods and serves PodResources
             self.admission.start()
             self._admitting = True

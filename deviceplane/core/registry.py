@@ -62,6 +62,9 @@ class Endpoint:
     stop_time: float | None = None
     devices: tuple[Device, ...] = ()
     registered_wall: float | None = None
+    # `devices` is a list the plugin sent (its first ListAndWatch message came), not the empty default: an empty list
+    # sent is told apart from none yet.
+    listed: bool = False
 
     @property
     def is_stopped(self) -> bool:
@@ -248,7 +251,9 @@ class DeviceRegistry:
         if state is None or old is None:
             return self.plugin_connected(resource, socket_path, options, now, wall)
         old.stop_time = now
-        endpoint = Endpoint(socket_path, options, registered_at=now, devices=old.devices, registered_wall=wall)
+        endpoint = Endpoint(
+            socket_path, options, registered_at=now, devices=old.devices, registered_wall=wall, listed=old.listed
+        )
         state.endpoints[socket_path] = endpoint
         if state.primary is old:
             state.primary = endpoint
@@ -280,6 +285,7 @@ class DeviceRegistry:
         if state is None or endpoint is None:
             return SnapshotResult(applied=False)
         endpoint.devices = tuple(devices)
+        endpoint.listed = True
         if state.primary is not endpoint:
             return SnapshotResult(applied=False)
         previous = state.all_devices
@@ -360,6 +366,12 @@ class DeviceRegistry:
         """A plugin is connected and has reported devices."""
         state = self._resources.get(resource)
         return state is not None and state.connected and bool(state.all_devices)
+
+    def plugin_listed(self, resource: str) -> bool:
+        """A plugin is connected and the devices shown are its list (its first ListAndWatch message came, even an
+        empty one): what a restarted agent waits for before it publishes a restored resource."""
+        state = self._resources.get(resource)
+        return state is not None and state.connected and state.primary is not None and state.primary.listed
 
     def registered_healthy(self) -> dict[str, list[str]]:
         """The checkpoint's RegisteredDevices: every resource, with its healthy IDs (sorted, for stable bytes; the

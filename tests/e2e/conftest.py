@@ -330,8 +330,10 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
         kubeconfig: Path | None = None,
         node_name: str | None = None,
         extra: Sequence[str] = (),
+        ready: bool = True,
     ) -> Agent:
-        # plugin_dir: reuse one (an agent restarted after SIGKILL); extra: more flags (e.g. --mode proxy ...)
+        # plugin_dir: reuse one (an agent restarted after SIGKILL); extra: more flags (e.g. --mode proxy ...);
+        # ready=False: return once it serves HTTP (/healthz), for an agent that cannot get ready (its /readyz says why)
         plugin_dir = plugin_dir or short_tmp("dp-plugins")
         pr_dir = short_tmp("dp-podres")
         port = free_port()
@@ -356,7 +358,8 @@ def deviceplane_agent(procs: Procs, short_tmp: Callable[[str], Path]) -> Iterato
         started.append(p)
         agent = Agent(p, f"http://127.0.0.1:{port}", plugin_dir, pr_dir / "kubelet.sock")
         # Ready means serving: the HTTP API and the registration socket <plugin_dir>/kubelet.sock.
-        wait_for("deviceplane agent /readyz", lambda: probe_ok(agent.url + "/readyz"), procs=[p], timeout=60)
+        probe = "/readyz" if ready else "/healthz"
+        wait_for(f"deviceplane agent {probe}", lambda: probe_ok(agent.url + probe), procs=[p], timeout=60)
         return agent
 
     yield start

@@ -10,8 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from deviceplane.agent.kube.publishing import PublishRecord
+from deviceplane.agent.serving.publish_metrics import NODE_STATUS, NODEDEVICES, PublishCollector
 from deviceplane.operator.app import OperatorOptions, operator_metrics
 from scripts.gen_prometheus_rule import PROMETHEUS_RULE, RULES, prometheus_rule_text
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
@@ -76,6 +78,15 @@ def test_every_series_the_rules_name_is_exported(
     wait_for(lambda: agent.counts("example.com/gpu") == (1, 1))
     operator, _watchdog = operator_metrics(OperatorOptions())  # what build() registers, the watchdog's series too
     operator.track_configs(lambda: [])
-    exported = exported_names(agent.get_text("/metrics")) | exported_names(generate_latest(operator.registry).decode())
+    # The agent's cluster-mode series (publishing), which a standalone agent has no reason to export: as app.py
+    # registers them (tests/e2e/test_cluster_publishing.py reads them from an agent in a cluster).
+    cluster = CollectorRegistry()
+    records = {NODE_STATUS: PublishRecord("node status"), NODEDEVICES: PublishRecord("NodeDevices")}
+    cluster.register(PublishCollector(records, lambda: 0))
+    exported = (
+        exported_names(agent.get_text("/metrics"))
+        | exported_names(generate_latest(operator.registry).decode())
+        | exported_names(generate_latest(cluster).decode())
+    )
     named = {name for rule in rules() for name in re.findall(r"\bdeviceplane_[a-z_]+", str(rule["expr"]))}
     assert len(named) >= 10 and named <= exported, sorted(named - exported)

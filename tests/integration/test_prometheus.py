@@ -154,7 +154,7 @@ def test_prometheus_query_returns_exactly_the_unhealthy_devices(
         interval=0.5,
         what="every rule evaluated",
     )
-    assert set(health) == {"deviceplane-agent", "deviceplane-operator"} and len(health["deviceplane-agent"]) == 8
+    assert set(health) == {"deviceplane-agent", "deviceplane-operator"} and len(health["deviceplane-agent"]) == 9
     assert {s for g in health.values() for s in g.values()} == {"ok"}, health
 
     # g0 turns unhealthy, g1 recovers, g2 is removed (its series goes stale), n0 recovers.

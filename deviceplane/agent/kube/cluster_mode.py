@@ -39,9 +39,8 @@ class ClusterMode:
         return loops
 
     def readiness(self) -> str | None:
-        """Ready once the API pods are listed and the first Node status and NodeDevices writes succeeded."""
-        for part in (self.pods, self.node_status, self.node_devices):
-            problem = part.ready() if part is not None else None
-            if problem is not None:
-                return problem
-        return None
+        """Ready once the API pods are listed and the first Node status and NodeDevices writes succeeded; else every
+        part's reason (the publishers often fail for different causes: a 403 on one, a missing Node on the other)."""
+        parts = (self.pods, self.node_status, self.node_devices)
+        problems = [problem for part in parts if part is not None and (problem := part.ready()) is not None]
+        return "; ".join(problems) or None

@@ -10,6 +10,9 @@ written with a merge patch on the status subresource:
 - bounded: at most `max_devices` devices listed per resource (`devicesTruncated` says so), counts stay exact;
 - not before the owners are known (`owners_known`, in proxy mode the kubelet's first PodResources listing): a
   restarted agent never publishes held devices as free;
+- not before the plugins of the resources restored from the checkpoint are back (`plugins_back`, bounded by the
+  startup plugin wait): a restarted agent never publishes them as empty and disconnected for the second it takes
+  their plugins to register again, which would move both conditions and their transition times twice;
 - with the view's two conditions, `PluginsConnected` and `DevicesHealthy` (`kubectl wait --for=condition=...`,
   judged in core/conditions.py), whose lastTransitionTime moves only when their status does (kept across agent
   restarts: read back from the object).
@@ -28,7 +31,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -36,6 +39,7 @@ from deviceplane.agent.kube.backoff import NODE_MISSING_RETRY_MAX_SECONDS, Backo
 from deviceplane.agent.kube.client import GROUP, VERSION, KubeApi
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
+from deviceplane.agent.kube.publishing import PublishRecord
 from deviceplane.aio import off_loop
 from deviceplane.api.models import Condition, DevicesStatus
 from deviceplane.core.conditions import ConditionTimes
@@ -44,6 +48,16 @@ log = logging.getLogger("deviceplane.kube.node_devices")
 
 HEARTBEAT_SECONDS = 60.0
 ALLOCATION_POLL_FLOOR_SECONDS = 0.05  # `--nodedevices-debounce 0` spun the loop polling the allocation counter
+
+
+class StartupWait(Protocol):
+    """What the first write waits for (agent/plugins/restored.py: the restored resources' plugins)."""
+
+    async def wait(self) -> None: ...
+
+    def problem(self) -> str | None:
+        """What is still waited for, for /readyz."""
+        ...
 
 
 class NodeMissing(KubeError):
@@ -113,6 +127,8 @@ class NodeDevicesPublisher:
         status: Callable[[int], DevicesStatus],
         allocations: Callable[[], int] = lambda: 0,
         owners_known: Callable[[], Awaitable[object]] | None = None,
+        plugins_back: StartupWait | None = None,
+        record: PublishRecord | None = None,
         debounce: float = NODEDEVICES_DEBOUNCE_SECONDS,
         heartbeat: float = HEARTBEAT_SECONDS,
         max_devices: int = NODEDEVICES_MAX_DEVICES,
@@ -124,14 +140,16 @@ class NodeDevicesPublisher:
         self.status = status
         self.allocations = allocations
         self.owners_known = owners_known
+        self.plugins_back = plugins_back
+        self.record = record or PublishRecord("NodeDevices")
         self.debounce = debounce
         self.heartbeat = heartbeat
         self.max_devices = max_devices
         self.backoff = backoff or Backoff()
         self.node_missing_backoff = Backoff(maximum=NODE_MISSING_RETRY_MAX_SECONDS)
         self.clock = clock
-        self.published = False
         self.writes = 0
+        self._waiting_for_plugins = False
         self._exists = False
         self._written: dict[str, Any] | None = None  # last written status, heartbeat left out
         self._written_at = float("-inf")
@@ -147,6 +165,12 @@ class NodeDevicesPublisher:
     async def run(self) -> None:
         if self.owners_known is not None:
             await self.owners_known()
+        if self.plugins_back is not None and not self.published:
+            self._waiting_for_plugins = True
+            try:
+                await self.plugins_back.wait()
+            finally:
+                self._waiting_for_plugins = False
         last_attempt = float("-inf")
         while True:
             with contextlib.suppress(TimeoutError):
@@ -169,6 +193,7 @@ class NodeDevicesPublisher:
             try:
                 await self._write(model, status)
             except KubeError as err:
+                self.record.failed(err)
                 delay = self._retry_delay(err)
                 log.warning("cannot publish NodeDevices; retrying", extra={"error": str(err), "retry_in": delay})
                 await asyncio.sleep(delay)
@@ -178,7 +203,7 @@ class NodeDevicesPublisher:
             self.node_missing_backoff.reset()
             self._written = content
             self._written_at = self.clock()
-            self.published = True
+            self.record.succeeded()
             self.writes += 1
 
     def _with_conditions(self, model: DevicesStatus, status: dict[str, Any]) -> dict[str, Any]:
@@ -251,5 +276,11 @@ class NodeDevicesPublisher:
             self._conditions.restore(conditions_found(existing))
         self._exists = True
 
+    @property
+    def published(self) -> bool:
+        """A write has succeeded since start."""
+        return self.record.published
+
     def ready(self) -> str | None:
-        return None if self.published else "NodeDevices not published yet"
+        waiting = self.plugins_back.problem() if self.plugins_back is not None and self._waiting_for_plugins else None
+        return self.record.not_ready(waiting)

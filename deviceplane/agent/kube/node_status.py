@@ -12,6 +12,11 @@ Started without a checkpoint (the node was recreated: `reset_extended_resources`
 Node and its first write also zeroes every other extended resource found there, as the kubelet does at
 registration (reconcileExtendedResource); those are not ours afterwards, so they are not written again.
 
+After a restart the resources restored from the checkpoint are written at once, 0 until their plugins are back,
+as the kubelet does (spec §4.5: checkpointed resources report 0/0 until their plugin re-registers): capacity is what
+the scheduler places pods by, and no pod should be placed on devices whose plugin is not back. NodeDevices, a report
+of the devices, waits for the plugins instead (node_devices.py).
+
 Every `resync` seconds (a monotonic deadline, however often device events wake the loop) the Node is read back and
 our keys compared as quantities (the API server stores 1000 as "1k"); a difference is written again.
 """
@@ -28,6 +33,7 @@ from typing import Any
 from deviceplane.agent.kube.backoff import NODE_MISSING_RETRY_MAX_SECONDS, Backoff
 from deviceplane.agent.kube.client import KubeApi
 from deviceplane.agent.kube.errors import KubeError
+from deviceplane.agent.kube.publishing import PublishRecord
 from deviceplane.aio import off_loop
 from deviceplane.core.names import is_extended_resource_name
 from deviceplane.core.pods import PodError, parse_quantity
@@ -66,6 +72,7 @@ class NodeStatusPublisher:
         resync: float = RESYNC_SECONDS,
         backoff: Backoff | None = None,
         reset_extended_resources: bool = False,
+        record: PublishRecord | None = None,
     ) -> None:
         self.api = api
         self.node = node
@@ -75,7 +82,7 @@ class NodeStatusPublisher:
         self.backoff = backoff or Backoff()
         self.node_missing_backoff = Backoff(maximum=NODE_MISSING_RETRY_MAX_SECONDS)
         self._reset_pending = reset_extended_resources  # no checkpoint at start: the node was recreated
-        self.published = False  # the first write succeeded
+        self.record = record or PublishRecord("node status")
         self.writes = 0
         self._names: set[str] = set()  # every resource ever published: gone ones are written as 0
         self._stale: set[str] = set()  # extended resources found on a recreated node, zeroed by the next write
@@ -127,6 +134,7 @@ class NodeStatusPublisher:
                 self._reset_pending = False
             await off_loop(self.api.patch_node_status, self.node, {"status": self.patch(wanted)})
         except KubeError as err:
+            self.record.failed(err)
             # 404: the Node does not exist (yet); the growing backoff would have published up to 30 s after it did.
             delay = self.node_missing_backoff.delay() if err.status == 404 else self.backoff.delay()
             log.warning("cannot publish node status; retrying", extra={"error": str(err), "retry_in": delay})
@@ -140,7 +148,7 @@ class NodeStatusPublisher:
             log.info("stale extended resources zeroed", extra={"node": self.node, "resources": zeroed})
             self._stale = set()
         self._written = wanted
-        self.published = True
+        self.record.succeeded()
         self.writes += 1
         log.info("node status published", extra={"node": self.node, "allocatable": wanted["allocatable"]})
 
@@ -162,5 +170,10 @@ class NodeStatusPublisher:
                 self._wake.set()
                 return
 
+    @property
+    def published(self) -> bool:
+        """A write has succeeded since start."""
+        return self.record.published
+
     def ready(self) -> str | None:
-        return None if self.published else "node status not published yet"
+        return self.record.not_ready()
