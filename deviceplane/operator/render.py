@@ -157,9 +157,19 @@ def _pod_spec(spec: DevicePluginConfigSpec, excluded_nodes: list[str]) -> dict[s
     if spec.imagePullSecrets:
         pod["imagePullSecrets"] = [s.model_dump() for s in spec.imagePullSecrets]
     if excluded_nodes:
-        # matchFields on metadata.name: exact node names (the hostname label need not equal the name).
-        term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": excluded_nodes}]}
+        terms = _exclude_nodes([{}], excluded_nodes)
         pod["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
         }
     return pod
+
+
+def _exclude_nodes(terms: list[dict[str, Any]], nodes: list[str]) -> list[dict[str, Any]]:
+    """Keep `nodes` out of every node selector term (terms are ORed, so each one must exclude them).
+
+    matchFields on metadata.name names nodes exactly (the hostname label need not equal the name), but the API
+    server takes only one value per metadata.name requirement, so each node gets its own NotIn requirement; the
+    requirements of a term are ANDed.
+    """
+    not_in = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]
+    return [{**t, "matchFields": [*t.get("matchFields", []), *not_in]} for t in terms]

@@ -521,6 +521,36 @@ def test_overlapping_configs_older_keeps_shared_nodes(operator: Operator, kwok_n
         cluster.kubectl("delete", "namespace", other_ns, "--wait=false", check=False)
 
 
+def test_a_newer_config_yields_several_nodes_to_an_older_one(operator: Operator, kwok_nodes, namespace: str) -> None:
+    """The newer config runs on three nodes; the older one then selects two of them. The newer one's DaemonSet must
+    exclude both (the API server takes one node name per metadata.name requirement: a single NotIn with two names
+    was refused, and the newer plugin kept serving the shared nodes next to the older one's)."""
+    cluster = operator.cluster
+    t = tag()
+    x, y = f"e2e-x-{t}", f"e2e-y-{t}"
+    (alone,) = kwok_nodes(1, prefix="yo", labels={y: "1"}, taints=[])
+    shared = set(kwok_nodes(2, prefix="yx", labels={x: "1", y: "1"}, taints=[]))
+    resource = f"example.com/several-{t}"
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={f"e2e-none-{t}": "1"}))
+    time.sleep(1.1)  # creationTimestamp has one-second resolution: make "newer" unambiguous
+    cluster.apply(dpc("newer", namespace, resource, nodeSelector={y: "1"}))
+    wait_ready(cluster, operator, namespace, "newer", {alone, *shared})
+
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}))
+    wait_ready(cluster, operator, namespace, "older", shared)
+    wait_ready(cluster, operator, namespace, "newer", {alone})
+    degraded = condition(cluster, namespace, "newer", "Degraded")
+    assert degraded.get("status") == "False", degraded
+    terms = cluster.get_json("daemonset", "newer-plugin", "-n", namespace)["spec"]["template"]["spec"]["affinity"]
+    fields = terms["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert sorted(f["values"][0] for f in fields["matchFields"]) == sorted(shared), fields
+    both = set(pods_by_node(cluster, namespace, "older")) & set(pods_by_node(cluster, namespace, "newer"))
+    assert both == set(), f"nodes running both plugins: {both}"
+    conflict = condition(cluster, namespace, "newer", "Conflict")
+    assert conflict.get("reason") == "YieldsNodes" and "2 nodes" in conflict.get("message", ""), conflict
+    delete_configs(cluster, namespace, "older", "newer")
+
+
 # ---- rest: restart without writes, 60 s of steady state --------------------------------------------------------
 
 
