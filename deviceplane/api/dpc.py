@@ -6,9 +6,11 @@ Constraints the API server must enforce live here as schema keywords or CEL rule
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import Field, JsonValue
+
+from deviceplane.api.corev1 import CrdModel, EnvVarSource, SecurityContext
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -39,12 +41,6 @@ RESOURCE_NAME_RULES: list[JsonValue] = [
 ]
 
 
-class CrdModel(BaseModel):
-    """Kubernetes objects spell fields in camelCase: field names are the JSON names."""
-
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-
 class LocalObjectReference(CrdModel):
     """A reference to an object in the config's namespace."""
 
@@ -56,7 +52,7 @@ class EnvVar(CrdModel):
 
     name: str = Field(min_length=1, max_length=1024, description="Variable name.")
     value: str | None = Field(default=None, description="Literal value.")
-    valueFrom: dict[str, Any] | None = Field(
+    valueFrom: EnvVarSource | None = Field(
         default=None, description="A core/v1 EnvVarSource (fieldRef, resourceFieldRef, configMapKeyRef, ...)."
     )
 
@@ -151,6 +147,7 @@ class DevicePluginConfigSpec(CrdModel):
     args: list[str] = Field(default_factory=list, description="Arguments of the plugin.")
     env: list[EnvVar] = Field(
         default_factory=list,
+        max_length=1024,  # a bound, so the API server's cost estimate of the valueFrom rule fits its budget
         description="Extra environment. NODE_NAME is always set to the pod's node (downward API); an entry named "
         "NODE_NAME here is ignored.",
     )
@@ -181,7 +178,7 @@ class DevicePluginConfigSpec(CrdModel):
     configMapRef: ConfigMapRef | None = Field(
         default=None, description="A ConfigMap mounted into the plugin; changing its content restarts the plugin."
     )
-    securityContext: dict[str, Any] | None = Field(
+    securityContext: SecurityContext | None = Field(
         default=None,
         description="A core/v1 SecurityContext replacing the secure default as a whole (no privilege escalation, "
         "read-only root filesystem, all capabilities dropped, seccomp profile RuntimeDefault); e.g. "

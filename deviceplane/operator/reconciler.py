@@ -339,6 +339,22 @@ class Reconciler:
                 return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
             message = f"the API server refused the DaemonSet: {_api_message(exc)}"
             return _Applied(live, problem=("DaemonSetRejected", message))
+        except Exception as exc:
+            # Anything else raised while building or sending the request. The Kubernetes client checks the body
+            # against its models first (pydantic ValidationError); left to reconcile(), such a failure wrote no
+            # status, so a config whose DaemonSet could not be sent kept reading Available.
+            if is_transient(exc):
+                self._metrics.failures.labels("api_error").inc()
+                message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
+                return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
+            if isinstance(exc, ValidationError):
+                self._metrics.failures.labels("invalid_spec").inc()
+                message = f"the Kubernetes client refused the DaemonSet before sending it: {_client_message(exc)}"
+            else:
+                log.error("reconcile %s: writing the DaemonSet failed", key, exc_info=exc)
+                self._metrics.failures.labels("internal").inc()
+                message = f"the DaemonSet could not be written: {type(exc).__name__}: {exc}"
+            return _Applied(live, problem=("DaemonSetRejected", message))
         return _Applied(written or live, changed=written is not None)
 
     async def _create_daemonset(self, key: ConfigKey, uid: str, rendered: dict[str, Any]) -> _Applied:
@@ -472,6 +488,16 @@ def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:
 
 def _validation_message(exc: ValidationError) -> str:
     parts = [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]]
+    return "; ".join(parts)
+
+
+def _client_message(exc: ValidationError) -> str:
+    """The client's own complaint, with paths into the DaemonSet (its first location is the argument's position)."""
+    parts = []
+    for e in exc.errors()[:3]:
+        loc = [str(p) for p in e["loc"]]
+        path = ".".join(loc[1:] if loc and loc[0].isdigit() else loc)
+        parts.append(f"{path}: {e['msg']}")
     return "; ".join(parts)
 
 

@@ -175,8 +175,24 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
         ({"image": " "}, "image must not be empty"),
         ({"updateStrategy": {"maxUnavailable": 0}}, "maxUnavailable must be an integer >= 1 or a percentage"),
         ({"target": "gpu-agent"}, 'spec.target: Unsupported value: "gpu-agent": supported values: "kubelet", "agent"'),
+        # Embedded core/v1 types have their schema: a typo or a wrong type is refused here, not when the operator
+        # sends the DaemonSet (the client refused it there, and the config got no status at all).
+        ({"securityContext": {"runAsUSer": 0}}, 'unknown field "spec.securityContext.runAsUSer"'),
+        ({"securityContext": {"runAsUser": "0"}}, 'spec.securityContext.runAsUser: Invalid value: "string"'),
+        (
+            {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName", "apiVersin": "v1"}}}]},
+            'unknown field "spec.env[0].valueFrom.fieldRef.apiVersin"',
+        ),
+        (
+            {"env": [{"name": "A", "valueFrom": {}}]},
+            "valueFrom must set exactly one of configMapKeyRef, fieldRef, fileKeyRef, resourceFieldRef, secretKeyRef",
+        ),
     ],
-    ids=["bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0", "unknown-target"],
+    ids=[
+        *("bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0"),
+        *("unknown-target", "security-context-typo", "security-context-type", "value-from-typo"),
+        "value-from-no-source",
+    ],
 )
 def test_invalid_objects_are_refused_with_a_clear_message(
     installed: Cluster, namespace: str, spec: dict[str, Any], message: str
@@ -447,6 +463,21 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     wait_for("Ready again", lambda: condition(cluster, namespace, "rej", "Ready").get("status") == "True",
              procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
     delete_configs(cluster, namespace, "rej")
+
+
+def test_an_integer_quantity_the_crd_takes_reaches_the_daemonset(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """`cpu: 1` is valid in the CRD (int-or-string, like core/v1 quantities), but the Kubernetes client refuses an
+    integer quantity before sending: the DaemonSet was never created and the config got no status at all. It goes
+    out as a string now, and the plugin runs."""
+    cluster = operator.cluster
+    resources = {"limits": {"cpu": 1, "memory": "64Mi"}, "requests": {"cpu": 1}}
+    ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "qty", resources=resources)
+    container = cluster.get_json("daemonset", "qty-plugin", "-n", namespace)["spec"]["template"]["spec"]["containers"]
+    assert container[0]["resources"] == {"limits": {"cpu": "1", "memory": "64Mi"}, "requests": {"cpu": "1"}}
+    assert condition(cluster, namespace, "qty", "Degraded").get("status") == "False"
+    delete_configs(cluster, namespace, "qty")
 
 
 def test_deleting_the_configmap_does_not_roll_the_plugin(operator: Operator, kwok_nodes, namespace: str) -> None:

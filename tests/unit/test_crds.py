@@ -119,7 +119,14 @@ def test_device_plugin_config_crd_constraints() -> None:
     max_unavailable = props["updateStrategy"]["properties"]["maxUnavailable"]
     assert max_unavailable["x-kubernetes-int-or-string"] is True and max_unavailable["default"] == 1
     assert "x-kubernetes-validations" in max_unavailable
-    assert props["securityContext"]["x-kubernetes-preserve-unknown-fields"] is True
+    # Embedded core/v1 types have a schema of their own: a misspelt field is refused, not kept (nor pruned by a
+    # schema that lets anything through).
+    security = props["securityContext"]
+    assert "x-kubernetes-preserve-unknown-fields" not in security and "runAsUser" in security["properties"]
+    assert security["properties"]["runAsUser"]["type"] == "integer"
+    value_from = props["env"]["items"]["properties"]["valueFrom"]
+    assert "x-kubernetes-preserve-unknown-fields" not in value_from and "fieldRef" in value_from["properties"]
+    assert value_from["properties"]["fieldRef"]["required"] == ["fieldPath"]
 
 
 def test_device_status_json_is_unchanged_but_for_the_totals() -> None:

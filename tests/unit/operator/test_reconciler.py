@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from deviceplane.operator import conflicts as conflict_rules
 from deviceplane.operator.drift import drifted_fields
@@ -241,6 +242,37 @@ def test_a_4xx_refusal_is_final_until_the_config_changes() -> None:
     assert len(api.creates) == 2
     degraded = conditions(api)["Degraded"]
     assert degraded["reason"] == "DaemonSetRejected" and "still invalid" in degraded["message"], degraded
+
+
+def client_refusal() -> ValidationError:
+    """What the real Kubernetes client raises, before sending anything, for a body its models do not take."""
+    from kubernetes import client
+
+    api = client.AppsV1Api(client.ApiClient(client.Configuration(host="http://127.0.0.1:9")))
+    body = {"spec": {"template": {"spec": {"containers": [{"name": "c", "securityContext": {"runAsUSer": 0}}]}}}}
+    with pytest.raises(ValidationError) as err:
+        api.create_namespaced_daemon_set("plugins", body)
+    return err.value
+
+
+@pytest.mark.parametrize("exists", [True, False], ids=["update", "create"])
+def test_a_daemonset_the_client_refuses_to_send_is_reported(exists: bool) -> None:
+    """The client's refusal is a pydantic ValidationError, not an ApiException: it must still end in a written
+    status (Degraded/DaemonSetRejected naming the field, Ready False), not in an `internal` failure that left an
+    edited config reading Available and a deleted DaemonSet never recreated. No retry: it would be refused again."""
+    view = FakeView(config_body(generation=2, image="img:2"), ds=live_daemonset() if exists else None)
+    reconciler, api, metrics = started(view, [client_refusal()])
+    api.watch = None
+    assert once(reconciler) == "failed"
+    conds = conditions(api)
+    assert conds["Degraded"]["reason"] == "DaemonSetRejected", conds["Degraded"]
+    message = conds["Degraded"]["message"]
+    assert "client refused" in message and "spec.template.spec.containers.0.securityContext.runAsUSer" in message
+    assert conds["Ready"]["status"] == "False"
+    assert conds["Ready"]["reason"] == ("DaemonSetOutdated" if exists else "DaemonSetMissing"), conds["Ready"]
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="internal") == 0
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="invalid_spec") == 1
+    assert reconciler._retry_timers == {}
 
 
 def test_backoff_doubles_per_failure_up_to_its_cap_and_resets() -> None:

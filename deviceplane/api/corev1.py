@@ -1,0 +1,148 @@
+"""The core/v1 types a DevicePluginConfig embeds: the container SecurityContext and EnvVarSource (pydantic).
+
+Same field names and types as Kubernetes' own (tests/unit/operator/test_corev1.py compares them with the official
+client's models), so the CRD generated from them gives these fields a real schema: the API server refuses a
+misspelt field (`kubectl apply`: `unknown field "spec.securityContext.runAsUSer"`) or a wrong type when the config
+is written. With a free-form schema they were stored as written, and the DaemonSet could then not be sent (the
+Kubernetes client checks bodies against its models) or was refused by the API server, long after `kubectl apply`
+had said yes.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+
+class CrdModel(BaseModel):
+    """Field names are the JSON names (camelCase); unknown fields of a stored object are ignored."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+ProfileType = Literal["RuntimeDefault", "Unconfined", "Localhost"]
+
+
+class Capabilities(CrdModel):
+    """Linux capabilities added to or dropped from the container's default set."""
+
+    add: list[str] | None = Field(default=None, description="Capabilities to add, e.g. SYS_ADMIN.")
+    drop: list[str] | None = Field(default=None, description="Capabilities to drop, e.g. ALL.")
+
+
+class SELinuxOptions(CrdModel):
+    """The SELinux context of the container."""
+
+    level: str | None = Field(default=None, description="SELinux level label.")
+    role: str | None = Field(default=None, description="SELinux role label.")
+    type: str | None = Field(default=None, description="SELinux type label.")
+    user: str | None = Field(default=None, description="SELinux user label.")
+
+
+class SeccompProfile(CrdModel):
+    """The container's seccomp profile."""
+
+    type: ProfileType = Field(description="RuntimeDefault, Unconfined or Localhost.")
+    localhostProfile: str | None = Field(
+        default=None, description="With type Localhost: the profile's path, relative to the kubelet's seccomp dir."
+    )
+
+
+class AppArmorProfile(CrdModel):
+    """The container's AppArmor profile."""
+
+    type: ProfileType = Field(description="RuntimeDefault, Unconfined or Localhost.")
+    localhostProfile: str | None = Field(
+        default=None, description="With type Localhost: the name of a profile loaded on the node."
+    )
+
+
+class WindowsSecurityContextOptions(CrdModel):
+    """Windows-specific options."""
+
+    gmsaCredentialSpec: str | None = Field(default=None, description="The GMSA credential spec's content.")
+    gmsaCredentialSpecName: str | None = Field(default=None, description="The GMSA credential spec's name.")
+    hostProcess: bool | None = Field(default=None, description="Run as a Windows HostProcess container.")
+    runAsUserName: str | None = Field(default=None, description="The user name the entrypoint runs as.")
+
+
+class SecurityContext(CrdModel):
+    """A core/v1 SecurityContext of the plugin container."""
+
+    allowPrivilegeEscalation: bool | None = Field(
+        default=None, description="Whether a process can gain more privileges than its parent (no_new_privs)."
+    )
+    appArmorProfile: AppArmorProfile | None = Field(default=None, description="The AppArmor profile.")
+    capabilities: Capabilities | None = Field(default=None, description="Capabilities added or dropped.")
+    privileged: bool | None = Field(default=None, description="Run privileged (as root on the host).")
+    procMount: Literal["Default", "Unmasked"] | None = Field(default=None, description="Default or Unmasked.")
+    readOnlyRootFilesystem: bool | None = Field(default=None, description="Mount the root filesystem read-only.")
+    runAsGroup: int | None = Field(default=None, description="GID of the entrypoint.")
+    runAsNonRoot: bool | None = Field(default=None, description="Refuse to start as UID 0.")
+    runAsUser: int | None = Field(default=None, description="UID of the entrypoint (the image's when unset).")
+    seLinuxOptions: SELinuxOptions | None = Field(default=None, description="The SELinux context.")
+    seccompProfile: SeccompProfile | None = Field(default=None, description="The seccomp profile.")
+    windowsOptions: WindowsSecurityContextOptions | None = Field(default=None, description="Windows options.")
+
+
+class ConfigMapKeySelector(CrdModel):
+    """A key of a ConfigMap in the config's namespace."""
+
+    key: str = Field(description="The key.")
+    name: str | None = Field(default=None, description="The ConfigMap's name.")
+    optional: bool | None = Field(default=None, description="Whether the ConfigMap or its key may be missing.")
+
+
+class SecretKeySelector(CrdModel):
+    """A key of a Secret in the config's namespace."""
+
+    key: str = Field(description="The key.")
+    name: str | None = Field(default=None, description="The Secret's name.")
+    optional: bool | None = Field(default=None, description="Whether the Secret or its key may be missing.")
+
+
+class ObjectFieldSelector(CrdModel):
+    """A field of the pod (downward API)."""
+
+    fieldPath: str = Field(description="The field, e.g. spec.nodeName or metadata.namespace.")
+    apiVersion: str | None = Field(default=None, description="Schema version fieldPath is written in [v1].")
+
+
+class ResourceFieldSelector(CrdModel):
+    """A resource limit or request of a container (downward API)."""
+
+    resource: str = Field(description="e.g. limits.cpu or requests.memory.")
+    containerName: str | None = Field(default=None, description="The container [this one].")
+    divisor: int | str | None = Field(default=None, description="The quantity the value is divided by [1].")
+
+
+class FileKeySelector(CrdModel):
+    """A key of an env file in one of the pod's emptyDir volumes."""
+
+    volumeName: str = Field(description="The volume.")
+    path: str = Field(description="The file, relative to the volume.")
+    key: str = Field(description="The key.")
+    optional: bool | None = Field(default=None, description="Whether the file or its key may be missing.")
+
+
+ENV_SOURCES = ("configMapKeyRef", "fieldRef", "fileKeyRef", "resourceFieldRef", "secretKeyRef")
+_ONE_SOURCE: list[JsonValue] = [
+    {
+        # A sum, not a list's exists_one(): cheap enough for CEL's cost budget on an unbounded env list.
+        "rule": " + ".join(f"(has(self.{s}) ? 1 : 0)" for s in ENV_SOURCES) + " == 1",
+        "message": f"valueFrom must set exactly one of {', '.join(ENV_SOURCES)}",
+    }
+]
+
+
+class EnvVarSource(CrdModel):
+    """A core/v1 EnvVarSource: where an environment variable's value comes from (exactly one source)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _ONE_SOURCE})
+
+    configMapKeyRef: ConfigMapKeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    fieldRef: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    fileKeyRef: FileKeySelector | None = Field(default=None, description="A key of an env file in a volume.")
+    resourceFieldRef: ResourceFieldSelector | None = Field(default=None, description="A container's resource.")
+    secretKeyRef: SecretKeySelector | None = Field(default=None, description="A key of a Secret.")
