@@ -438,6 +438,68 @@ def test_hand_added_pod_spec_fields_are_reverted_and_defaults_cause_no_update(
     delete_configs(cluster, namespace, "aff")
 
 
+def test_removed_false_values_and_added_container_fields_are_reverted_without_fighting_defaults(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """A config rendering false, 0 and empty values (the API server keeps the first two, in pointer fields, and drops
+    the empty ones). By hand: `automountServiceAccountToken: false`, `allowPrivilegeEscalation: false` and
+    `runAsUser: 0` removed (the pods then mount the token, may escalate, run as the image's user), and `command`,
+    `envFrom`, `workingDir`, a `lifecycle` hook and an SELinux type added. The operator puts the pod template back
+    exactly as it was; then reconciles of the unchanged config send no DaemonSet update (the real API server's
+    defaults are not drift)."""
+    cluster = operator.cluster
+    security = {
+        "allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": False, "runAsUser": 0,
+        "runAsGroup": 0, "runAsNonRoot": False, "capabilities": {"add": [], "drop": ["ALL"]},
+        "seLinuxOptions": {"user": ""},
+    }  # fmt: skip
+    env = [
+        {"name": "EMPTY", "value": ""},
+        {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "zro-env", "key": "k", "optional": False}}},
+    ]
+    tolerations = [{"key": "e2e-zro", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 0}]
+    node, _ = ready_on_a_node_of_its_own(
+        operator, kwok_nodes, namespace, "zro", securityContext=security, env=env, tolerations=tolerations
+    )
+
+    def template() -> dict[str, Any]:
+        return dict(cluster.get_json("daemonset", "zro-plugin", "-n", namespace)["spec"]["template"])
+
+    before = template()
+    generation = cluster.get_json("daemonset", "zro-plugin", "-n", namespace)["metadata"]["generation"]
+    sc = "/spec/template/spec/containers/0/securityContext"
+    edits = [
+        {"op": "remove", "path": "/spec/template/spec/automountServiceAccountToken"},
+        {"op": "remove", "path": f"{sc}/allowPrivilegeEscalation"},
+        {"op": "remove", "path": f"{sc}/runAsUser"},
+        {"op": "add", "path": f"{sc}/seLinuxOptions/type", "value": "spc_t"},
+        {"op": "add", "path": "/spec/template/spec/containers/0/command", "value": ["/bin/sh", "-c", "echo replaced"]},
+        {"op": "add", "path": "/spec/template/spec/containers/0/envFrom", "value": [{"secretRef": {"name": "x"}}]},
+        {"op": "add", "path": "/spec/template/spec/containers/0/workingDir", "value": "/tmp"},
+        {"op": "add", "path": "/spec/template/spec/containers/0/lifecycle",
+         "value": {"postStart": {"exec": {"command": ["/bin/true"]}}}},
+    ]  # fmt: skip
+    cluster.kubectl("patch", "daemonset", "zro-plugin", "-n", namespace, "--type=json", "-p", json.dumps(edits))
+    wait_for("the operator to revert every hand edit", lambda: template() == before, procs=[operator.proc], timeout=10)
+    # The hand edit and the operator's update (the revert may be done before the first read above).
+    assert cluster.get_json("daemonset", "zro-plugin", "-n", namespace)["metadata"]["generation"] >= generation + 2
+    wait_ready(cluster, operator, namespace, "zro", {node})
+
+    reconciles, updates = (
+        "deviceplane_operator_reconcile_total",
+        'deviceplane_operator_writes_total{kind="daemonset_update"}',
+    )
+    time.sleep(6)  # past the reconciler's echo wait: from here on every reconcile compares the settled object
+    before_reconciles, before_updates = operator.metric(reconciles), operator.metric(updates)
+    for i in range(3):  # an annotation on the config: a watch event, so a reconcile, and no spec change
+        cluster.kubectl("annotate", "dpc", "zro", "-n", namespace, f"e2e/poke={i}", "--overwrite")
+        done = before_reconciles + i + 1
+        wait_for(f"reconcile {i + 1} of the unchanged config", lambda done=done: operator.metric(reconciles) >= done,
+                 procs=[operator.proc], timeout=30)  # fmt: skip
+    assert operator.metric(updates) == before_updates, "an unchanged config's DaemonSet was updated"
+    delete_configs(cluster, namespace, "zro")
+
+
 def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     operator: Operator, kwok_nodes, namespace: str
 ) -> None:
