@@ -54,7 +54,8 @@ class DevicePlugin:
     - `get_preferred_allocation(available, must_include, size) -> device ids`;
     - `pre_start_container(device_ids) -> None`.
 
-    A hook that raises fails that one RPC (gRPC status UNKNOWN with the exception's message).
+    A hook that raises - anything, SystemExit and KeyboardInterrupt included - fails that one RPC (gRPC status
+    UNKNOWN with the hook's name and the exception) and is logged with its traceback.
     Registration goes to `<plugin_dir>/kubelet.sock`, or - with `registry_dir` - through the kubelet's
     plugins_registry directory (the plugin's socket is placed there and answers GetInfo).
     """
@@ -109,9 +110,10 @@ class DevicePlugin:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            stop_signals.run(self.serve())  # the process is the plugin: only the first stop signal counts
+            pass  # not inside the except block: every traceback logged while serving would start with this error
         else:
             raise RuntimeError("DevicePlugin.run() blocks; inside asyncio code use `await plugin.serve()`")
+        stop_signals.run(self.serve())  # the process is the plugin: only the first stop signal counts
 
     def stop(self) -> None:
         """Ask `serve()` to return (safe from any thread and from signal handlers); before `serve()` runs, it makes

@@ -1,0 +1,126 @@
+"""The plugin SDK against the kubelet's own device manager (tests/k8s/kubelet-harness, v1.36), wherever what the
+kubelet does is the point."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import grpc
+
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+
+from .cluster import REPO
+from .procs import Proc, Procs, wait_for
+from .test_kubelet_harness import pod
+
+
+def counts(h, resource: str) -> tuple[int | None, int | None]:
+    cap = h.capacity()
+    return cap["capacity"].get(resource), cap["allocatable"].get(resource)
+
+
+def start_script(procs: Procs, name: str, source: str, plugin_dir: Path, workdir: Path) -> Proc:
+    """A plugin written the way users write them, as a process of its own."""
+    script = workdir / f"{name}.py"
+    script.write_text(textwrap.dedent(source))
+    env = {"DEVICEPLANE_PLUGIN_DIR": str(plugin_dir), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    return procs.start(name, [sys.executable, str(script)], env=env, cwd=REPO)
+
+
+def log_of(proc: Proc) -> str:
+    return proc.log.read_text(errors="replace")
+
+
+HOOKS_PLUGIN = """
+import asyncio, logging, sys
+from deviceplane.plugin import Allocation, Device, DevicePlugin
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+
+def sys_exit(ids):  # plain hooks run in a thread of their own
+    sys.exit(3)
+
+def interrupt(ids):
+    raise KeyboardInterrupt
+
+async def async_exit(ids):  # async hooks run on the loop
+    raise SystemExit(4)
+
+async def cancelled(ids):
+    helper = asyncio.create_task(asyncio.sleep(10))
+    helper.cancel()  # someone cancelled a task the hook waits for: CancelledError, yet the call was not cancelled
+    await helper
+
+async def hang(ids):
+    try:
+        await asyncio.Event().wait()
+    finally:
+        print("hang: cancelled with its call", flush=True)
+
+def ok(ids):
+    return Allocation(envs={"OK": ",".join(ids)})
+
+HOOKS = {"sys-exit": sys_exit, "interrupt": interrupt, "async-exit": async_exit, "cancelled": cancelled,
+         "hang": hang, "ok": ok}
+
+async def main():
+    plugins = [DevicePlugin(f"example.com/{n}", [Device(f"{n}-0")], allocate=h) for n, h in HOOKS.items()]
+    await asyncio.gather(*(p.serve() for p in plugins))
+
+asyncio.run(main())
+"""
+
+
+def test_a_hook_that_raises_anything_fails_only_that_admission(kubelet_harness, procs, short_tmp) -> None:
+    """SystemExit and KeyboardInterrupt from a hook killed the plugin (SIGSEGV, stale socket); a CancelledError from
+    a hook whose call nobody cancelled left the Allocate unanswered, and the kubelet waits for it for good. Each
+    must fail that admission, with the hook's name and the exception, and nothing else."""
+    h = kubelet_harness(short_tmp("kh"))
+    plugin = start_script(procs, "hooks-plugin", HOOKS_PLUGIN, h.socket_dir, short_tmp("hooks"))
+    names = ["sys-exit", "interrupt", "async-exit", "cancelled", "hang", "ok"]
+    wait_for(
+        "every hook's resource in the kubelet",
+        lambda: all(counts(h, f"example.com/{n}") == (1, 1) for n in names),
+        procs=[h.proc, plugin],
+    )
+    expected = {
+        "cancelled": "allocate: CancelledError (the call itself was not cancelled)",
+        "sys-exit": "allocate: SystemExit: 3",
+        "interrupt": "allocate: KeyboardInterrupt",
+        "async-exit": "allocate: SystemExit: 4",
+    }
+    for name, message in expected.items():
+        # http_json's 10 s timeout: the kubelet's own Allocate call has none.
+        res = h.admit(pod(name, app={f"example.com/{name}": 1}))
+        assert not res["admitted"], res
+        assert message in res["message"], res
+        plugin.check_alive()
+
+    res = h.admit(pod("fine", app={"example.com/ok": 1}))
+    assert res["admitted"], res
+    assert res["containers"][0]["runOptions"]["envs"] == [{"name": "OK", "value": "ok-0"}]
+    assert all(counts(h, f"example.com/{n}")[0] == 1 for n in names)  # every plugin still registered
+    log = log_of(plugin)
+    assert log.count("Traceback") >= len(expected), log
+    for hook in ("sys_exit", "interrupt", "async_exit", "cancelled"):
+        assert f", in {hook}\n" in log, f"no traceback through {hook}: {log}"
+
+    # A call that is cancelled (here by its deadline; the kubelet's Allocate has none) still cancels the hook, and is
+    # not reported as the hook's failure.
+    reported = "allocate hook raised CancelledError"
+    assert log.count(reported) == 1, log  # the "cancelled" hook's
+    (socket,) = h.socket_dir.glob("example.com_hang-*.sock")
+    with grpc.insecure_channel(f"unix:{socket}") as channel:
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["hang-0"])])
+        try:
+            pb_grpc.DevicePluginStub(channel).Allocate(request, timeout=0.5)
+        except grpc.RpcError as err:
+            assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
+        else:
+            raise AssertionError("the hanging hook answered")
+    wait_for("the hook cancelled", lambda: "hang: cancelled with its call" in log_of(plugin), timeout=5)
+    assert log_of(plugin).count(reported) == 1, log_of(plugin)
+    plugin.check_alive()
