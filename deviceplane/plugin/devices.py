@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -52,6 +52,11 @@ class DeviceSet:
     def current(self) -> Snapshot:
         return self._current
 
+    @property
+    def streams(self) -> int:
+        """How many watch() iterators (ListAndWatch streams) are open now."""
+        return len(self._queues)
+
     def replace(self, devices: Iterable[Device]) -> bool:
         """Make `devices` the device list; False (and nothing streamed) when it equals the current one."""
         new = tuple(devices)
@@ -81,7 +86,7 @@ class DeviceSet:
                     queue.get_nowait()
             queue.put_nowait(snapshot)
 
-    async def watch(self) -> AsyncIterator[Snapshot]:
+    async def watch(self) -> AsyncGenerator[Snapshot, None]:
         """The current snapshot, then every later one, until close(). Must run on the attached loop."""
         queue: asyncio.Queue[Snapshot | None] = asyncio.Queue()
         with self._lock:

@@ -8,6 +8,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,12 @@ REGISTRY_DIR_ENV = "DEVICEPLANE_REGISTRY_DIR"
 
 RETRY_INITIAL = 0.1
 RETRY_MAX = 5.0
+# When the kubelet ends the plugin's last ListAndWatch stream and opens no other within this long (it opens one right
+# after Register answers), the plugin registers again; the wait doubles up to RESTREAM_MAX while the kubelet keeps
+# dropping it, and starts over once the last such registration is RESTREAM_RESET_AFTER seconds old.
+RESTREAM_INITIAL = 1.0
+RESTREAM_MAX = 60.0
+RESTREAM_RESET_AFTER = 300.0
 
 
 class PluginError(Exception):
@@ -91,6 +98,8 @@ class DevicePlugin:
         self._need_register = asyncio.Event()
         self._register_in_flight = False
         self._registered_with: SocketIdentity | None = None
+        self._streams_gone = asyncio.Event()  # set when the last ListAndWatch stream ended while serving
+        self._serve_lock = asyncio.Lock()  # one (re)start of the gRPC server at a time
         self.registrations = 0  # successful registrations so far (observability, tests)
 
     # -- devices ---------------------------------------------------------------------------------------------
@@ -149,6 +158,8 @@ class DevicePlugin:
                 self._stop_early = False
                 self._stop_requested.set()
         self._need_register = asyncio.Event()
+        self._streams_gone = asyncio.Event()
+        self._serve_lock = asyncio.Lock()
         self._registered_with = None
         self._watch_stop.clear()
         self._devices.attach(self._loop)
@@ -160,6 +171,7 @@ class DevicePlugin:
                     return  # stop() came before serve(): nothing to serve
                 await self._start_server()
                 tasks.append(self._supervised("watch", self._watch))
+                tasks.append(self._supervised("restream", self._restream_loop))
                 if self.registry_dir is None:
                     self._need_register.set()
                     tasks.append(self._supervised("register", self._register_loop))
@@ -206,7 +218,9 @@ class DevicePlugin:
         # Bound under a hidden staging name, then hard-linked into place: gRPC unlinks the path it bound when it
         # stops, and that must never be our public path, which by then may be another process's socket.
         staging = self.socket_path.with_name(f".{secrets.token_hex(4)}.sock")
-        server = build_server(self._devices, self._hooks, self.resource, self._on_registration_status)
+        server = build_server(
+            self._devices, self._hooks, self.resource, self._on_registration_status, self._on_stream_end
+        )
         try:
             bound = server.add_insecure_port(f"unix:{staging}")
         except RuntimeError:
@@ -264,19 +278,20 @@ class DevicePlugin:
 
     async def _check(self, changes: set[tuple[Change, str]]) -> None:
         """React to a batch of directory changes (or a quiet tick) by comparing state, not just trusting events."""
-        current = socket_identity(self.socket_path)
-        if self._server is None or self._serving is None or current != self._serving:
-            if self._server is not None:
-                self._log_socket_lost(current)
-                await self._stop_server()  # leaves another process's socket alone
-            try:
-                self._prepare_directory(self.socket_path.parent)  # it may have been removed with the socket
-                await self._start_server()
-            except PluginError as err:  # not fatal: the next change or tick retries
-                log.error("%s: cannot serve again: %s", self.resource, err)
-                return
-            self._registered_with = None
-            self._need_register.set()
+        async with self._serve_lock:
+            current = socket_identity(self.socket_path)
+            if self._server is None or self._serving is None or current != self._serving:
+                if self._server is not None:
+                    self._log_socket_lost(current)
+                    await self._stop_server()  # leaves another process's socket alone
+                try:
+                    self._prepare_directory(self.socket_path.parent)  # it may have been removed with the socket
+                    await self._start_server()
+                except PluginError as err:  # not fatal: the next change or tick retries
+                    log.error("%s: cannot serve again: %s", self.resource, err)
+                    return
+                self._registered_with = None
+                self._need_register.set()
         if self.registry_dir is not None:
             return
         kubelet = kubelet_socket_identity(self._kubelet_socket)
@@ -294,6 +309,46 @@ class DevicePlugin:
                 self.resource,
                 self.socket_path,
             )
+
+    def _on_stream_end(self) -> None:
+        stopping = self._stop_requested is not None and self._stop_requested.is_set()
+        if self._devices.streams == 0 and not stopping:
+            self._streams_gone.set()
+
+    async def _restream_loop(self) -> None:
+        """Register again when the kubelet dropped the plugin: its last ListAndWatch stream ended while the plugin
+        serves, and no new one opened. The kubelet never dials a plugin back by itself, so the resource would stay
+        at allocatable 0 for good - e.g. after a surge rollout's old instance stopped (kubelets up to v1.36 then
+        also end the new instance's stream: kubernetes#121994), or after the kubelet refused a message."""
+        delay, last = RESTREAM_INITIAL, -RESTREAM_RESET_AFTER
+        while True:
+            await self._streams_gone.wait()
+            self._streams_gone.clear()
+            if time.monotonic() - last >= RESTREAM_RESET_AFTER:
+                delay = RESTREAM_INITIAL
+            await asyncio.sleep(delay)
+            if self._devices.streams or self._register_in_flight or self._need_register.is_set():
+                continue  # a new stream is open, or a registration is under way (the kubelet restarted)
+            if self.registry_dir is None and kubelet_socket_identity(self._kubelet_socket) is None:
+                continue  # no kubelet: registering waits for kubelet.sock anyway
+            log.warning(
+                "%s: the kubelet ended the ListAndWatch stream and opened no new one within %.0f s (it dropped the "
+                "plugin); registering again",
+                self.resource,
+                delay,
+            )
+            last = time.monotonic()
+            delay = min(delay * 2, RESTREAM_MAX)
+            if self.registry_dir is None:
+                self._need_register.set()
+            else:
+                # The plugin watcher registers a socket when it appears: a new one at the same path.
+                async with self._serve_lock:
+                    await self._stop_server()
+                    try:
+                        await self._start_server()
+                    except PluginError as err:  # the watch's next check serves again
+                        log.error("%s: cannot serve again: %s", self.resource, err)
 
     async def _register_loop(self) -> None:
         try:

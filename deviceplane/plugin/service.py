@@ -6,6 +6,7 @@ found through a plugins_registry directory, and costs nothing otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -42,16 +43,23 @@ class Hooks:
 
 
 class DevicePluginService(pb_grpc.DevicePluginServicer):
-    def __init__(self, devices: DeviceSet, hooks: Hooks) -> None:
+    def __init__(self, devices: DeviceSet, hooks: Hooks, on_stream_end: Callable[[], None] = lambda: None) -> None:
         self._devices = devices
         self._hooks = hooks
+        self._on_stream_end = on_stream_end
 
     async def GetDevicePluginOptions(self, request: pb.Empty, context: Context) -> pb.DevicePluginOptions:
         return self._hooks.options()
 
     async def ListAndWatch(self, request: pb.Empty, context: Context) -> AsyncIterator[pb.ListAndWatchResponse]:
-        async for snapshot in self._devices.watch():
-            yield snapshot.message
+        try:
+            # aclosing: the watch must be closed (and no longer counted) before on_stream_end looks at the count.
+            async with contextlib.aclosing(self._devices.watch()) as snapshots:
+                async for snapshot in snapshots:
+                    yield snapshot.message
+        finally:
+            # However it ended (the kubelet hung up, the plugin stopped): the plugin decides whether that matters.
+            self._on_stream_end()
 
     async def Allocate(self, request: pb.AllocateRequest, context: Context) -> pb.AllocateResponse:
         known = self._devices.current.by_id
@@ -141,9 +149,13 @@ class RegistrationService(reg_pb_grpc.RegistrationServicer):
 
 
 def build_server(
-    devices: DeviceSet, hooks: Hooks, resource: str, on_status: Callable[[bool, str], None]
+    devices: DeviceSet,
+    hooks: Hooks,
+    resource: str,
+    on_status: Callable[[bool, str], None],
+    on_stream_end: Callable[[], None] = lambda: None,
 ) -> grpc.aio.Server:
     server = grpc.aio.server()
-    add_device_plugin(DevicePluginService(devices, hooks), server)
+    add_device_plugin(DevicePluginService(devices, hooks, on_stream_end), server)
     add_plugin_watcher_registration(RegistrationService(resource, on_status), server)
     return server

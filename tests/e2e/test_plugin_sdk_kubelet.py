@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import grpc
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from tests.support.procs import free_port
 
-from .cluster import REPO
+from .cluster import REPO, http_json
 from .procs import Proc, Procs, wait_for
 from .test_kubelet_harness import pod
 
@@ -28,6 +30,10 @@ def start_script(procs: Procs, name: str, source: str, plugin_dir: Path, workdir
     script.write_text(textwrap.dedent(source))
     env = {"DEVICEPLANE_PLUGIN_DIR": str(plugin_dir), "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     return procs.start(name, [sys.executable, str(script)], env=env, cwd=REPO)
+
+
+def start_plugin(procs: Procs, name: str, *args: str) -> Proc:
+    return procs.start(name, [sys.executable, "-m", "deviceplane", "plugin", *args], cwd=REPO)
 
 
 def log_of(proc: Proc) -> str:
@@ -124,3 +130,32 @@ def test_a_hook_that_raises_anything_fails_only_that_admission(kubelet_harness, 
     wait_for("the hook cancelled", lambda: "hang: cancelled with its call" in log_of(plugin), timeout=5)
     assert log_of(plugin).count(reported) == 1, log_of(plugin)
     plugin.check_alive()
+
+
+def test_surge_rollout_the_new_instance_registers_again(kubelet_harness, procs, short_tmp) -> None:
+    """Two instances of one resource (a DaemonSet surge rollout): when the old one stops, the v1.36 kubelet also ends
+    the new one's stream (kubernetes#121994) and leaves the resource at allocatable 0 - for good, unless the plugin
+    notices its stream ended and registers again."""
+    h = kubelet_harness(short_tmp("kh"))
+    resource = "example.com/dup"
+    sim = ["sim", "--plugin-dir", str(h.socket_dir), "--resource", resource, "--count", "2", "--numa", "0"]
+    old = start_plugin(procs, "sim-old", *sim)
+    wait_for("the old instance's devices", lambda: counts(h, resource) == (2, 2), procs=[h.proc, old])
+    port = free_port()
+    new = start_plugin(procs, "sim-new", *sim, "--control", f"127.0.0.1:{port}")
+
+    def registrations() -> int:
+        return int(http_json(f"http://127.0.0.1:{port}/devices")["registrations"])
+
+    wait_for("the new instance registered", lambda: registrations() == 1, procs=[h.proc, new])
+    wait_for("the new instance's devices", lambda: counts(h, resource) == (2, 2), procs=[h.proc, new])
+
+    procs.stop(old)
+    stopped = time.monotonic()
+    wait_for("the new instance registered again", lambda: registrations() == 2, timeout=10, procs=[h.proc, new])
+    wait_for("allocatable 2 again", lambda: counts(h, resource) == (2, 2), timeout=10, procs=[h.proc, new])
+    assert time.monotonic() - stopped < 10
+    assert "ListAndWatch ended unexpectedly" in log_of(h.proc)  # the kubelet did end the new instance's stream
+    assert "registering again" in log_of(new)
+    res = h.admit(pod("after-surge", app={resource: 2}))
+    assert res["admitted"], res

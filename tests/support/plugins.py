@@ -176,7 +176,7 @@ class FakePluginWatcher:
         self.accept = accept
         self.infos: dict[Path, reg_pb.PluginInfo] = {}
         self.connections: list[Connection] = []
-        self._known: dict[Path, int] = {}
+        self._known: dict[Path, tuple[int, int]] = {}
         self._task: asyncio.Task[None] | None = None
 
     async def _register(self, socket: Path) -> None:
@@ -198,7 +198,10 @@ class FakePluginWatcher:
             for entry in self.registry_dir.iterdir():
                 if entry.name.startswith(".") or not entry.is_socket():
                     continue
-                inode = entry.stat().st_ino
+                # A socket created anew may get the inode number back: its time tells it apart, as the kubelet's
+                # watcher tells it by the creation event.
+                info = entry.stat()
+                inode = (info.st_ino, info.st_mtime_ns)
                 if self._known.get(entry) != inode:
                     # Like the kubelet's reconciler: a failed registration is retried on the next round.
                     with contextlib.suppress(grpc.aio.AioRpcError):
