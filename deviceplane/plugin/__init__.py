@@ -4,7 +4,8 @@ A DevicePlugin is a resource name, a device list (replace it any time with `set_
 `plugin.run()` blocks, `await plugin.serve()` is the asyncio form. See the README for a complete example.
 """
 
+from deviceplane.plugin.devices import DeviceListTooLarge
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec, Mount
 from deviceplane.plugin.plugin import DevicePlugin, PluginError
 
-__all__ = ["Allocation", "Device", "DevicePlugin", "DeviceSpec", "Mount", "PluginError"]
+__all__ = ["Allocation", "Device", "DeviceListTooLarge", "DevicePlugin", "DeviceSpec", "Mount", "PluginError"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -19,6 +19,27 @@ from deviceplane.plugin.models import Device
 # A stream that falls this many snapshots behind only gets the newest: each snapshot replaces the previous one
 # entirely (spec §1.4), so skipping stale intermediate ones is safe and bounds memory for a stuck reader.
 MAX_BACKLOG = 256
+
+
+# gRPC's default limit on a message received, which the kubelet keeps for ListAndWatch: a bigger snapshot ends the
+# stream there (ResourceExhausted, in the kubelet's log only), and the node keeps the last list it read, unhealthy.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class DeviceListTooLarge(ValueError):
+    """The device list does not fit in one ListAndWatch message the kubelet can receive."""
+
+
+def list_and_watch_message(devices: Sequence[Device]) -> pb.ListAndWatchResponse:
+    """The ListAndWatch message for `devices`; DeviceListTooLarge when it is over MAX_MESSAGE_BYTES."""
+    message = pb.ListAndWatchResponse(devices=[d.to_proto() for d in devices])
+    size = message.ByteSize()
+    if size > MAX_MESSAGE_BYTES:
+        raise DeviceListTooLarge(
+            f"{len(devices)} devices make a {size}-byte ListAndWatch message, over the kubelet's limit of "
+            f"{MAX_MESSAGE_BYTES} bytes (4 MiB, gRPC's default): fewer devices or shorter ids"
+        )
+    return message
 
 
 @dataclass(frozen=True)
@@ -37,8 +58,7 @@ def _snapshot(version: int, devices: tuple[Device, ...]) -> Snapshot:
         if device.id in by_id:
             raise ValueError(f"duplicate device id {device.id!r}")
         by_id[device.id] = device
-    message = pb.ListAndWatchResponse(devices=[d.to_proto() for d in devices])
-    return Snapshot(version, devices, MappingProxyType(by_id), message)
+    return Snapshot(version, devices, MappingProxyType(by_id), list_and_watch_message(devices))
 
 
 class DeviceSet:

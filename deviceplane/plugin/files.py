@@ -8,7 +8,10 @@ Decisions (also in the README):
 - a file whose name is not valid UTF-8 is skipped, with a warning once: device ids are protobuf strings, so it cannot
   be offered, and it must not stop the plugin from offering the others;
 - the directory is watched (inotify), re-listed on every change: creating or removing a file updates the device list
-  within a fraction of a second.
+  within a fraction of a second;
+- a list too large for one ListAndWatch message (over 4 MiB: some 20,000 names of 200 characters) is not offered:
+  an error says so, and the plugin keeps offering the last list that fit (none, if it started that way) until the
+  directory shrinks. Sent anyway, the kubelet would drop the stream and keep the old devices, unhealthy, for good.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from deviceplane.aio import cancel_and_wait
 from deviceplane.core.names import is_utf8
+from deviceplane.plugin.devices import DeviceListTooLarge
 from deviceplane.plugin.models import Allocation, Device, Mount
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.supervise import keep_running
@@ -100,13 +104,13 @@ class FilesPlugin:
         self.env = env
         self.mount_dir = mount_dir.rstrip("/")
         self._warned: set[str] = set()
+        self._too_large = False
         try:
             devices = list_devices(self.directory, self._warned)
         except OSError as err:
             raise ValueError(f"--dir {directory}: cannot list: {err.strerror}") from None
-        self.plugin = DevicePlugin(
-            resource, devices, allocate=self.allocate, plugin_dir=plugin_dir, registry_dir=registry_dir
-        )
+        self.plugin = DevicePlugin(resource, allocate=self.allocate, plugin_dir=plugin_dir, registry_dir=registry_dir)
+        self._offer(devices)
 
     def allocate(self, device_ids: list[str]) -> Allocation:
         return Allocation(
@@ -120,7 +124,24 @@ class FilesPlugin:
         except OSError as err:  # the directory itself went away: no devices until it is back
             log.warning("cannot list %s: %s", self.directory, err.strerror)
             devices = []
-        self.plugin.set_devices(devices)
+        self._offer(devices)
+
+    def _offer(self, devices: list[Device]) -> None:
+        try:
+            self.plugin.set_devices(devices)
+        except DeviceListTooLarge as err:
+            if not self._too_large:  # once per episode: the directory is re-listed on every change and tick
+                log.error(
+                    "%s: %s; still offering the %d devices of the last list that fit",
+                    self.directory,
+                    err,
+                    len(self.plugin.devices),
+                )
+            self._too_large = True
+            return
+        if self._too_large:
+            log.info("%s: the device list fits in a message again: %d devices", self.directory, len(devices))
+        self._too_large = False
 
     async def serve(self) -> None:
         stop = threading.Event()

@@ -109,7 +109,10 @@ class DevicePlugin:
         return self._devices.current.devices
 
     def set_devices(self, devices: Iterable[Device]) -> None:
-        """Replace the device list; every ListAndWatch stream gets the new full snapshot if anything changed."""
+        """Replace the device list; every ListAndWatch stream gets the new full snapshot if anything changed.
+
+        ValueError (DeviceListTooLarge) for a list the kubelet could not receive in one message (over 4 MiB); the
+        current list stays then."""
         self._devices.replace(devices)
 
     # -- lifecycle -------------------------------------------------------------------------------------------

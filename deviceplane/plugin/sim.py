@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deviceplane.aio import cancel_and_wait
+from deviceplane.plugin.devices import MAX_MESSAGE_BYTES, DeviceListTooLarge, list_and_watch_message
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.preferred import pack_on_numa
@@ -28,7 +29,11 @@ log = logging.getLogger("deviceplane.plugin.sim")
 
 NAME = "sim"
 HELP = "simulated devices over NUMA nodes, health steerable at run time"
-MAX_COUNT = 100_000  # one ListAndWatch snapshot must stay under gRPC's default 4 MiB message limit
+# No device takes fewer bytes of a ListAndWatch message (field tag and length, a 5-character id, "Healthy"): more
+# devices can never fit in one, and are refused before a list that long is built. Whether a count fits is the SDK's
+# check on the list itself (with every device unhealthy, the longest form, so that no health change can overflow).
+MIN_DEVICE_BYTES = 18
+MAX_COUNT = MAX_MESSAGE_BYTES // MIN_DEVICE_BYTES
 RPCS = ("Allocate", "GetPreferredAllocation", "PreStartContainer")
 # Recorded calls kept per RPC: a long-running sim keeps exact counts but only the latest entries (each
 # GetPreferredAllocation entry carries every available ID, so keeping them all grew without bound).
@@ -66,7 +71,7 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be <= {MAX_COUNT}, got {value}")
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_COUNT} (a 4 MiB ListAndWatch message), got {value}")
     return value
 
 
@@ -153,6 +158,10 @@ class SimPlugin:
         registry_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.numa_of = numa_layout(count, numa)
+        try:
+            list_and_watch_message([Device(i, healthy=False, numa_nodes=n) for i, n in self.numa_of.items()])
+        except DeviceListTooLarge as err:
+            raise DeviceListTooLarge(f"--count {count} --numa {numa}: {err}") from None
         self.health = dict.fromkeys(self.numa_of, True)
         self.calls = CallLog()
         self.faults: dict[str, Fault] = {}

@@ -3,6 +3,7 @@ kubelet does is the point."""
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 import time
@@ -159,3 +160,31 @@ def test_surge_rollout_the_new_instance_registers_again(kubelet_harness, procs, 
     assert "registering again" in log_of(new)
     res = h.admit(pod("after-surge", app={resource: 2}))
     assert res["admitted"], res
+
+
+def test_files_plugin_keeps_the_last_list_that_fits_in_a_message(kubelet_harness, procs, short_tmp) -> None:
+    """20,000 files with 236-character names make a 5 MB ListAndWatch message: the kubelet dropped the stream (its
+    gRPC client takes 4 MiB) and kept 20,002 devices, all unhealthy, while the plugin logged nothing. The plugin must
+    not send it, say so, and keep the devices that fit."""
+    h = kubelet_harness(short_tmp("kh"))
+    cola = short_tmp("cola")
+    for name in ("dev-a", "dev-b"):
+        (cola / name).touch()
+    files = start_plugin(procs, "files", "files", "--plugin-dir", str(h.socket_dir), "--dir", str(cola))
+    resource = "example.com/cola"
+    wait_for("2 devices", lambda: counts(h, resource) == (2, 2), procs=[h.proc, files])
+
+    for i in range(20_000):
+        (cola / (f"{i:06d}-" + "x" * 229)).touch()
+    wait_for("the plugin's error", lambda: "over the kubelet's limit of 4194304 bytes" in log_of(files), timeout=60)
+    # The directory is re-listed while the files are being created: the last list that fit may hold some of them.
+    (kept,) = re.findall(r"ERROR .* still offering the (\d+) devices of the last list that fit", log_of(files))
+    time.sleep(1)  # had it been sent, the kubelet would have dropped the stream by now
+    assert counts(h, resource) == (int(kept), int(kept))
+    assert "ResourceExhausted" not in log_of(h.proc)
+
+    for path in cola.glob("0*"):
+        path.unlink()
+    (cola / "dev-c").touch()
+    wait_for("the directory's devices again", lambda: counts(h, resource) == (3, 3), timeout=60, procs=[files])
+    assert "the device list fits in a message again" in log_of(files)  # at some count, while the files go

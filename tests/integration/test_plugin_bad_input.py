@@ -37,7 +37,9 @@ def test_files_requires_dir(short_tmp):
     [
         (["--count", "-1"], "argument --count: must be >= 0, got -1"),
         (["--count", "many"], "argument --count: not an integer: 'many'"),
-        (["--count", "100001"], "argument --count: must be <= 100000"),
+        (["--count", "233017"], "argument --count: must be <= 233016 (a 4 MiB ListAndWatch message)"),
+        # The SDK's own check, with every device unhealthy (the longest form): 150,000 would fit only when healthy.
+        (["--count", "150000", "--numa", "1"], "--count 150000 --numa 1: 150000 devices make a 4238890-byte"),
         (["--numa", "-2"], "argument --numa: must be >= 0"),
         (["--flap-rate", "-1"], "argument --flap-rate: must be a finite number >= 0"),
         (["--flap-rate", "nan"], "argument --flap-rate: must be a finite number >= 0"),

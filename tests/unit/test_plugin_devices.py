@@ -6,8 +6,8 @@ import threading
 import pytest
 
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.plugin import Allocation, Device, DeviceSpec, Mount
-from deviceplane.plugin.devices import MAX_BACKLOG, DeviceSet
+from deviceplane.plugin import Allocation, Device, DeviceListTooLarge, DevicePlugin, DeviceSpec, Mount
+from deviceplane.plugin.devices import MAX_BACKLOG, MAX_MESSAGE_BYTES, DeviceSet
 
 
 def test_device_validation():
@@ -45,6 +45,27 @@ def test_duplicate_ids_rejected_and_state_kept():
     with pytest.raises(TypeError):
         devices.replace(["a"])  # type: ignore[list-item]
     assert devices.current.devices == (Device("a"),)
+
+
+def many(count: int, id_length: int = 200) -> list[Device]:
+    return [Device(f"{i:06d}".ljust(id_length, "x")) for i in range(count)]
+
+
+def test_a_list_over_the_kubelets_message_limit_is_refused_and_the_last_one_kept():
+    """Streamed, a ListAndWatch message over 4 MiB ended the kubelet's stream (ResourceExhausted, in its log only)
+    and the node kept the old devices, unhealthy. Refused here, with the size and the limit."""
+    plugin = DevicePlugin("example.com/big", many(10))
+    fits = many(20_000, 190)  # 20,000 x 205 bytes: just under 4 MiB
+    assert DeviceSet(fits).current.message.ByteSize() <= MAX_MESSAGE_BYTES
+    plugin.set_devices(fits)
+    too_many = many(20_000, 200)  # x 215: just over
+    with pytest.raises(DeviceListTooLarge, match=r"20000 devices make a \d+-byte ListAndWatch message, over the "
+                       r"kubelet's limit of 4194304 bytes \(4 MiB"):  # fmt: skip
+        plugin.set_devices(too_many)
+    assert plugin.devices == tuple(fits)
+    assert issubclass(DeviceListTooLarge, ValueError)
+    with pytest.raises(ValueError, match="over the kubelet's limit"):
+        DevicePlugin("example.com/big", too_many)
 
 
 def test_unchanged_list_is_not_a_new_version():
