@@ -188,3 +188,32 @@ def test_files_plugin_keeps_the_last_list_that_fits_in_a_message(kubelet_harness
     (cola / "dev-c").touch()
     wait_for("the directory's devices again", lambda: counts(h, resource) == (3, 3), timeout=60, procs=[files])
     assert "the device list fits in a message again" in log_of(files)  # at some count, while the files go
+
+
+def test_sim_preferred_allocation_reuses_the_init_containers_numa_node(kubelet_harness, procs, short_tmp) -> None:
+    """The kubelet asks GetPreferredAllocation for an app container with its init container's device in
+    must_include: the sim answered sim-0 + sim-4, two NUMA nodes while sim-1..3 on sim-0's node were free. And it
+    picked the node with the most free devices, splitting the one that a later 4-device pod needed whole."""
+    h = kubelet_harness(short_tmp("kh"), numa_nodes=2)  # topology policy none, the kubelet's default
+    port = free_port()
+    sim = start_plugin(procs, "sim", "sim", "--plugin-dir", str(h.socket_dir), "--count", "8", "--numa", "2",
+                       "--control", f"127.0.0.1:{port}")  # fmt: skip
+    resource = "example.com/sim"
+    wait_for("8 devices", lambda: counts(h, resource) == (8, 8), procs=[h.proc, sim])
+    numa = {d["id"]: d["numaNodes"][0] for d in h.capacity()["devices"][resource]}
+
+    def admit(name: str, init: int, app: int) -> dict[str, list[str]]:
+        res = h.admit(pod(name, init={resource: init} if init else None, app={resource: app}))
+        assert res["admitted"], res
+        return {c["name"]: c["devices"][resource] for c in res["containers"]}
+
+    first = admit("first", 1, 2)
+    assert set(first["init"]) <= set(first["app"])
+    assert len({numa[i] for i in first["app"]}) == 1, first  # where the init container's device is
+    calls = http_json(f"http://127.0.0.1:{port}/calls")["GetPreferredAllocation"]
+    assert [c["must_include_deviceIDs"] for c in calls] == [[], first["init"]]
+
+    second = admit("second", 0, 2)  # best fit: the 2 left on the first pod's node, not 2 of the other's 4
+    assert {numa[i] for i in second["app"]} == {numa[first["app"][0]]}, (first, second)
+    third = admit("third", 0, 4)
+    assert len({numa[i] for i in third["app"]}) == 1, third

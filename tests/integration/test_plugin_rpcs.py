@@ -127,10 +127,11 @@ async def test_preferred_allocation_packs_one_numa_node(env):
     proc, connection, _ = env
     request = pb.PreferredAllocationRequest(
         container_requests=[
-            # node 0: sim-0..3, node 1: sim-4..7. Node 1 has the most available devices.
+            # node 0: sim-0..3, node 1: sim-4..7. Both hold 2; node 0, with fewer free, is the best fit.
             pb.ContainerPreferredAllocationRequest(
                 available_deviceIDs=["sim-0", "sim-2", "sim-4", "sim-5", "sim-6"], allocation_size=2
             ),
+            # sim-5 is on node 1: its free sim-4 first, then one from node 0.
             pb.ContainerPreferredAllocationRequest(
                 available_deviceIDs=["sim-0", "sim-2", "sim-3", "sim-4", "sim-5"],
                 must_include_deviceIDs=["sim-5"],
@@ -140,13 +141,13 @@ async def test_preferred_allocation_packs_one_numa_node(env):
     )
     response = await connection.stub.GetPreferredAllocation(request, timeout=5)
     assert [list(c.deviceIDs) for c in response.container_responses] == [
-        ["sim-4", "sim-5"],
-        ["sim-5", "sim-0", "sim-2"],
+        ["sim-0", "sim-2"],
+        ["sim-5", "sim-4", "sim-0"],
     ]
     recorded = proc.control("GET", "/calls")["GetPreferredAllocation"]
     assert [(r["allocation_size"], r["must_include_deviceIDs"], r["result"]) for r in recorded] == [
-        (2, [], ["sim-4", "sim-5"]),
-        (3, ["sim-5"], ["sim-5", "sim-0", "sim-2"]),
+        (2, [], ["sim-0", "sim-2"]),
+        (3, ["sim-5"], ["sim-5", "sim-4", "sim-0"]),
     ]
 
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from deviceplane.core.ordering import natural_key
 from deviceplane.plugin.preferred import pack_on_numa
 from deviceplane.plugin.sim import numa_layout
-from tests.unit.preferred_oracle import sorting_everything
+from tests.unit.preferred_oracle import sorting_everything_best_fit
 
 NUMA = numa_layout(8, 2)  # sim-0..3 on node 0, sim-4..7 on node 1
 
@@ -18,8 +18,31 @@ def test_layout_blocks():
     assert numa_layout(0, 4) == {}
 
 
-def test_packs_on_node_with_most_available():
+def test_packs_on_a_node_that_holds_the_request():
     assert pack_on_numa(["sim-0", "sim-4", "sim-5", "sim-6"], [], 2, NUMA) == ["sim-4", "sim-5"]
+
+
+def test_best_fit_leaves_the_fuller_node_whole():
+    # Node 0 has exactly 2 free, node 1 has 4: taking node 1's (the first version did) would leave 2 + 2, and a
+    # later 4-device single-node request could not fit.
+    available = ["sim-2", "sim-3", "sim-4", "sim-5", "sim-6", "sim-7"]
+    assert pack_on_numa(available, [], 2, NUMA) == ["sim-2", "sim-3"]
+    assert pack_on_numa(available, [], 3, NUMA) == ["sim-4", "sim-5", "sim-6"]  # only node 1 holds 3
+
+
+def test_fills_the_must_include_node_first():
+    # An app container reusing its init container's sim-0 (node 0): the first version added sim-4, from node 1 -
+    # which had the most free devices - although sim-1..3 on node 0 were free.
+    available = ["sim-0", "sim-1", "sim-2", "sim-4", "sim-5", "sim-6", "sim-7"]
+    assert pack_on_numa(available, ["sim-0"], 2, NUMA) == ["sim-0", "sim-1"]
+    assert pack_on_numa(available, ["sim-0"], 4, NUMA) == ["sim-0", "sim-1", "sim-2", "sim-4"]
+    # Must-include devices on both nodes: the node holding more of them first.
+    layout = numa_layout(12, 2)  # sim-0..5 node 0, sim-6..11 node 1
+    got = pack_on_numa([f"sim-{i}" for i in range(12)], ["sim-0", "sim-6", "sim-7"], 5, layout)
+    assert got == ["sim-0", "sim-6", "sim-7", "sim-8", "sim-9"]
+    # A must-include device without topology says nothing about where the container is: best fit as usual.
+    layout = {"a": (), "b": (), "c": (1,), "d": (1,)}
+    assert pack_on_numa(["a", "b", "c", "d"], ["a"], 3, layout) == ["a", "c", "d"]
 
 
 def test_ties_go_to_lowest_node_and_ids_in_natural_order():
@@ -57,8 +80,14 @@ def test_properties(available, data):
     assert result == pack_on_numa(list(reversed(available)), must, size, NUMA)  # order of input does not matter
     rest = result[len(must) :]
     free = {node: [d for d in available if d not in must and NUMA[d][0] == node] for node in (0, 1)}
-    if rest and any(len(v) >= len(rest) for v in free.values()):
-        assert len({NUMA[d][0] for d in rest}) == 1  # packed on one node whenever one node can hold it
+    must_nodes = {NUMA[d][0] for d in must}
+    on_must_nodes = sum(len(free[n]) for n in must_nodes)
+    # As many of the rest as they hold come from the must_include devices' nodes, and they come first.
+    assert [NUMA[d][0] in must_nodes for d in rest] == sorted((NUMA[d][0] in must_nodes for d in rest), reverse=True)
+    assert sum(NUMA[d][0] in must_nodes for d in rest) == min(len(rest), on_must_nodes)
+    if rest and not must and any(len(v) >= len(rest) for v in free.values()):
+        (node,) = {NUMA[d][0] for d in rest}  # packed on one node whenever one node can hold it
+        assert len(free[node]) == min(len(v) for v in free.values() if len(v) >= len(rest))  # the best fit
 
 
 # IDs whose natural keys tie ("d1", "d01"), several NUMA nodes per device, devices without topology.
@@ -67,8 +96,8 @@ odd_ids = st.lists(st.from_regex(r"\Ad[0-9]{1,3}(-[a-c])?\Z"), unique=True, max_
 
 @given(available=odd_ids, data=st.data())
 def test_same_answer_as_sorting_everything(available, data):
-    """Against the first version (tests/unit/preferred_oracle.py), which sorted every device of a node."""
+    """Against the rule written plainly (tests/unit/preferred_oracle.py), sorting every device of a node."""
     numa_of = {d: data.draw(st.lists(st.integers(0, 3), max_size=3), label=d) for d in available}
     must = data.draw(st.lists(st.sampled_from(available), max_size=5) if available else st.just([]))
     size = data.draw(st.integers(min_value=0, max_value=len(available) + 2))
-    assert pack_on_numa(available, must, size, numa_of) == sorting_everything(available, must, size, numa_of)
+    assert pack_on_numa(available, must, size, numa_of) == sorting_everything_best_fit(available, must, size, numa_of)
