@@ -3,10 +3,14 @@ kubelet does is the point."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -217,3 +221,40 @@ def test_sim_preferred_allocation_reuses_the_init_containers_numa_node(kubelet_h
     assert {numa[i] for i in second["app"]} == {numa[first["app"][0]]}, (first, second)
     third = admit("third", 0, 4)
     assert len({numa[i] for i in third["app"]}) == 1, third
+
+
+# The longest valid resource name: "requests." + name must be a qualified name, so the DNS prefix takes 244
+# characters at most (253 - len("requests.")), and the name part 63.
+LONGEST_RESOURCE = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 52]) + "/" + "x" * 63
+
+
+def dir_of_length(n: int) -> Callable[[], Path]:
+    def make() -> Path:
+        prefix = "dp-long-"
+        base = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+        path = Path(base + "x" * (n - len(base)))
+        os.rename(base, path)
+        return path
+
+    return make
+
+
+def test_the_longest_resource_name_is_served_in_a_directory_as_long_as_the_kubelets(kubelet_harness, procs) -> None:
+    """/var/lib/kubelet/device-plugins/ is 32 bytes with its slash, which leaves a socket name 75 bytes: a name of
+    `<resource>-<pid>-<token>.sock` did not fit for resources over ~53 characters, and the plugin refused to start."""
+    assert len(LONGEST_RESOURCE) == 308
+    directory = dir_of_length(31)()
+    try:
+        assert len(str(directory) + "/") == len("/var/lib/kubelet/device-plugins/") == 32
+        h = kubelet_harness(directory)
+        sim = start_plugin(procs, "sim-long", "sim", "--plugin-dir", str(directory), "--resource", LONGEST_RESOURCE,
+                           "--count", "2", "--numa", "0")  # fmt: skip
+        wait_for("the long-named resource", lambda: counts(h, LONGEST_RESOURCE) == (2, 2), procs=[h.proc, sim])
+        (socket,) = [p for p in directory.iterdir() if p.name != "kubelet.sock" and p.is_socket()]
+        assert len(os.fsencode(socket)) <= 107 and socket.name.startswith("a" * 40)
+        res = h.admit(pod("long", app={LONGEST_RESOURCE: 2}))
+        assert res["admitted"], res
+    finally:
+        for p in list(procs.procs):
+            procs.stop(p)
+        shutil.rmtree(directory, ignore_errors=True)
