@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import secrets
+import socket
+import stat
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -17,12 +20,12 @@ import grpc
 from watchfiles import Change
 
 from deviceplane import stop_signals
-from deviceplane.aio import cancel_and_wait
+from deviceplane.aio import cancel_and_wait, off_loop
 from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_SOCKET_NAME
 from deviceplane.plugin.devices import DeviceSet
 from deviceplane.plugin.hooks import AllocateHook, PreferredAllocationHook, PreStartHook
 from deviceplane.plugin.models import Device
-from deviceplane.plugin.names import MAX_SOCKET_PATH, check_resource_name, socket_file_name
+from deviceplane.plugin.names import MAX_SOCKET_PATH, check_resource_name, socket_file_name, socket_name_pattern
 from deviceplane.plugin.registration import register
 from deviceplane.plugin.service import Hooks, build_server
 from deviceplane.plugin.signals import stop_on_signals
@@ -154,6 +157,7 @@ class DevicePlugin:
         if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
             raise PluginError(f"socket path {self.socket_path} is longer than {MAX_SOCKET_PATH} bytes")
         self._prepare_directory(self.socket_path.parent)
+        await off_loop(self._remove_stale_sockets)
         with self._stop_lock:
             self._loop = asyncio.get_running_loop()
             self._stop_requested = asyncio.Event()
@@ -209,6 +213,26 @@ class DevicePlugin:
             raise PluginError(f"cannot create {directory}: {err.strerror}") from None
         if not os.access(directory, os.W_OK | os.X_OK):
             raise PluginError(f"cannot create a socket in {directory}: permission denied")
+
+    def _remove_stale_sockets(self) -> None:
+        """Remove this resource's sockets that nobody serves any more: instances killed with SIGKILL, or by the
+        OOM killer, never removed theirs, and each new instance has a name of its own, so they piled up (the kubelet
+        only cleans its directory when it restarts; the plugin watcher keeps failing on them). Only names this
+        resource's instances take, and only sockets that refuse a connection: a live one - another instance of a
+        surge rollout - is never touched, nor is anything another resource owns."""
+        pattern = socket_name_pattern(self.resource)
+        directory = self.socket_path.parent
+        try:
+            names = [name for name in os.listdir(directory) if pattern.fullmatch(name)]
+        except OSError as err:
+            log.warning("%s: cannot look for stale sockets in %s: %s", self.resource, directory, err.strerror)
+            return
+        for name in names:
+            path = directory / name
+            if _refuses_connections(path):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                log.info("%s: removed %s: a stale socket of an instance that is gone", self.resource, path)
 
     def _on_registration_status(self, registered: bool, error: str) -> None:
         if registered:
@@ -388,3 +412,20 @@ class DevicePlugin:
             self.registrations += 1
             delay, last_error = RETRY_INITIAL, ""
             log.info("%s: registered with %s as %s", self.resource, self._kubelet_socket, self.socket_path.name)
+
+
+def _refuses_connections(path: Path) -> bool:
+    """A unix socket at `path` with nobody listening: connect() fails with ECONNREFUSED. Anything else (a listener,
+    a full backlog, no permission, not a socket) is left alone."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1.0)
+        try:
+            probe.connect(os.fsencode(path))
+        except OSError as err:
+            return err.errno == errno.ECONNREFUSED
+    return False
