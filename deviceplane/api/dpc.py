@@ -192,7 +192,8 @@ class ConflictView(CrdModel):
 
     config: str = Field(description="The other config, <namespace>/<name>.")
     owner: bool = Field(
-        description="True when this config keeps the shared nodes (it is the older), false when it yields them."
+        description="True when this config keeps the shared nodes (the older, unless its DaemonSet could not be "
+        "created while the other's runs), false when it yields them."
     )
     nodes: list[str] = Field(
         default_factory=list, max_length=MAX_CONFLICT_NODES, description="Shared nodes (bounded, see nodeCount)."

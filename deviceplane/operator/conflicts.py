@@ -3,7 +3,9 @@
 A node is eligible for a config when its labels satisfy the nodeSelector and its NoSchedule/NoExecute taints are
 tolerated (by the config's tolerations or by those the DaemonSet controller adds to every daemon pod). Of two
 configs serving the same resourceName, the older (creationTimestamp, then namespace/name) keeps a shared node; the
-newer one excludes it.
+newer one excludes it. A config that runs nowhere because its DaemonSet could not be created (refused, or a
+DaemonSet of its name is not ours) keeps no node while a config that runs wants it: otherwise nobody would serve
+the node.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from deviceplane.api.dpc import Toleration
 from deviceplane.operator.names import ConfigKey
@@ -49,6 +52,7 @@ class Candidate:
     created: str  # RFC 3339 from the API server: sorts chronologically as text
     node_selector: Mapping[str, str]
     tolerations: Sequence[Toleration]
+    runs: bool = True  # False: its DaemonSet could not be created, so it serves no node
 
     @property
     def age_order(self) -> tuple[str, str, str]:
@@ -57,11 +61,13 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Conflict:
-    """`other` serves the same resource on `nodes` too; `owner` says whether this config keeps them."""
+    """`other` serves the same resource on `nodes` too; `owner` says whether this config keeps them. `idle` says
+    which side keeps them only because the older one runs nowhere ("this" or "other"; "": age decided)."""
 
     other: ConfigKey
     owner: bool
     nodes: tuple[str, ...]
+    idle: Literal["", "this", "other"] = ""
 
 
 @dataclass(frozen=True)
@@ -118,8 +124,13 @@ def resolve(candidates: Iterable[Candidate], nodes: Iterable[NodeInfo]) -> dict[
                 if not shared:
                     continue
                 older = j < i
-                if older:
+                # The one that runs keeps the nodes; between two that run, or two that do not, the older.
+                keeps = config.runs if config.runs != other.runs else not older
+                if not keeps:
                     excluded |= shared
-                conflicts.append(Conflict(other=other.key, owner=not older, nodes=tuple(sorted(shared))))
+                idle: Literal["", "this", "other"] = ""
+                if keeps == older:  # age alone would have decided the other way
+                    idle = "other" if keeps else "this"
+                conflicts.append(Conflict(other=other.key, owner=keeps, nodes=tuple(sorted(shared)), idle=idle))
             out[config.key] = Resolution(frozenset(excluded), tuple(conflicts))
     return out

@@ -21,7 +21,7 @@ from deviceplane.operator.conflicts import NodeInfo, Taint
 from deviceplane.operator.names import ConfigKey
 from deviceplane.operator.reconciler import Reconciler, key_of
 from deviceplane.operator.render import configmap_hash
-from deviceplane.operator.status import PodProblem, pod_problem
+from deviceplane.operator.status import PodProblem, pod_problem, runs_nowhere
 
 MANAGED = {names.MANAGED_BY_LABEL: names.MANAGED_BY}  # the label selector of what we create
 
@@ -104,8 +104,10 @@ def install(
     nodes = {"version": "v1", "plural": "nodes", "registry": registry}
     pods = {"version": "v1", "plural": "pods", "registry": registry}
     cms = {"version": "v1", "plural": "configmaps", "registry": registry}
-    # Last seen resourceName per config and labels/taints per node: only a change there moves node ownership.
+    # Last seen resourceName per config and labels/taints per node: only a change there moves node ownership; so
+    # does a config's DaemonSet failing to be created, or being created at last (its status says which).
     resource_of: dict[ConfigKey, str | None] = {}
+    runs_of: dict[ConfigKey, bool] = {}
     node_seen: dict[str, NodeInfo] = {}
 
     @kopf.on.login(registry=registry)
@@ -162,12 +164,17 @@ def install(
         reconciler.seen_config(key, body["metadata"].get("resourceVersion"))
         resource = None if event.get("type") == "DELETED" else (body.get("spec") or {}).get("resourceName")
         before = resource_of.get(key)
+        runs = not runs_nowhere(body)
+        ran = runs_of.get(key, runs)
         if resource is None:
             resource_of.pop(key, None)
+            runs_of.pop(key, None)
         else:
             resource_of[key] = resource
+            runs_of[key] = runs
         reconciler.enqueue(key)
-        if event.get("type") in (None, "ADDED", "DELETED") or before != resource or _placement_may_change(body):
+        placement = before != resource or ran != runs or _placement_may_change(body)
+        if event.get("type") in (None, "ADDED", "DELETED") or placement:
             # Conflicts involve the other configs of the old and new resource.
             reconciler.topology_changed()
             affected = {before, resource} - {None}

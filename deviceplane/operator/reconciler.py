@@ -29,7 +29,7 @@ from deviceplane.operator.kube import ApiException, KubeApi
 from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import CONFIG_HASH_ANNOTATION, ConfigKey
 from deviceplane.operator.render import Owner, render_daemonset
-from deviceplane.operator.status import Observed, PodProblem, compute_status
+from deviceplane.operator.status import Observed, PodProblem, compute_status, runs_nowhere
 
 log = logging.getLogger("deviceplane.operator")
 
@@ -61,6 +61,7 @@ def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
         created=str(body["metadata"].get("creationTimestamp") or ""),
         node_selector=spec.nodeSelector,
         tolerations=spec.tolerations,
+        runs=not runs_nowhere(body),
     )
 
 

@@ -164,7 +164,7 @@ def _rollout(observed: Observed, s: Mapping[str, Any]) -> tuple[Triple, Triple]:
         return ("True", "Available", msg), paused or ("False", "Complete", msg)
     parts = [f"{available}/{desired} available", f"{updated}/{desired} up to date"]
     if scheduled < desired:
-        parts.append(f"{desired - scheduled} pods not created (see the DaemonSet's events)")
+        parts.append(f"{_count(desired - scheduled, 'pod')} not created (see the DaemonSet's events)")
     msg = ", ".join(parts)
     return ("False", "RollingOut", msg), paused or ("True", "RollingOut", msg)
 
@@ -184,8 +184,17 @@ def _degraded(observed: Observed) -> Triple:
     if problems:
         named = "; ".join(p.describe() for p in sorted(problems, key=lambda p: p.name)[:MAX_NAMED_PODS])
         more = f" (and {len(problems) - MAX_NAMED_PODS} more)" if len(problems) > MAX_NAMED_PODS else ""
-        return ("True", "PodsFailing", f"{len(problems)} plugin pods failing: {named}{more}")
+        return ("True", "PodsFailing", f"{_count(len(problems), 'plugin pod')} failing: {named}{more}")
     return ("False", "AsExpected", "")
+
+
+NOT_CREATED = "its DaemonSet could not be created, so it runs nowhere"
+_ROLES = {
+    (True, ""): "this config is older and keeps them",
+    (False, ""): "it is older and keeps them",
+    (True, "other"): f"it is older, but {NOT_CREATED}: this config keeps them until it runs",
+    (False, "this"): f"this config is older, but {NOT_CREATED}: it keeps them until this config runs",
+}
 
 
 def _conflict_condition(conflicts: Sequence[Conflict]) -> Triple:
@@ -194,10 +203,30 @@ def _conflict_condition(conflicts: Sequence[Conflict]) -> Triple:
     parts = []
     for c in conflicts:
         shown = ", ".join(c.nodes[:MAX_CONFLICT_NODES]) + (" ..." if len(c.nodes) > MAX_CONFLICT_NODES else "")
-        role = "this config is older and keeps them" if c.owner else "it is older and keeps them"
-        parts.append(f"{c.other} serves the same resource on {len(c.nodes)} nodes ({role}): {shown}")
+        role = _ROLES[(c.owner, c.idle)]
+        parts.append(f"{c.other} serves the same resource on {_count(len(c.nodes), 'node')} ({role}): {shown}")
     reason = "YieldsNodes" if any(not c.owner for c in conflicts) else "KeepsNodes"
     return ("True", reason, "; ".join(parts))
+
+
+def _count(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+# Degraded reasons that mean the config's DaemonSet was not written and will not be until something changes.
+_NOT_CREATED_REASONS = frozenset({"DaemonSetRejected", "DaemonSetNotOurs"})
+
+
+def runs_nowhere(config: Mapping[str, Any]) -> bool:
+    """Does the status the operator wrote say that, at the config's current generation, it has no DaemonSet because
+    one could not be created (refused, or a DaemonSet of its name is not ours)? Such a config keeps no node from a
+    config that runs. Read from the stored status, so it holds across operator restarts; a new generation is tried
+    again, and runs until refused."""
+    meta, status = _map(config.get("metadata")), _map(config.get("status"))
+    if status.get("daemonSet") or status.get("observedGeneration") != meta.get("generation"):
+        return False
+    degraded = next((_map(c) for c in _list(status.get("conditions")) if _map(c).get("type") == "Degraded"), {})
+    return degraded.get("status") == "True" and degraded.get("reason") in _NOT_CREATED_REASONS
 
 
 def _keep_transition_times(

@@ -644,6 +644,41 @@ def test_a_newer_config_yields_several_nodes_to_an_older_one(operator: Operator,
     delete_configs(cluster, namespace, "older", "newer")
 
 
+def test_an_older_config_whose_daemonset_is_refused_keeps_no_node(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """The older config's DaemonSet is refused (a toleration the CRD takes but the API server does not), so it runs
+    nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older one's spec is
+    fixed, its DaemonSet is created and the newer one leaves the node to it."""
+    cluster = operator.cluster
+    t = tag()
+    x, y = f"e2e-x-{t}", f"e2e-y-{t}"
+    (shared,) = kwok_nodes(1, prefix="ix", labels={x: "1", y: "1"}, taints=[])
+    (alone,) = kwok_nodes(1, prefix="iy", labels={y: "1"}, taints=[])
+    resource = f"example.com/idle-{t}"
+    refused = [{"key": "k", "operator": "Exists", "value": "v"}]  # 422: value must be empty with Exists
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, tolerations=refused))
+    wait_for("the older config's DaemonSet to be refused",
+             lambda: condition(cluster, namespace, "older", "Degraded").get("reason") == "DaemonSetRejected",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    time.sleep(1.1)  # creationTimestamp has one-second resolution: make "newer" unambiguous
+    cluster.apply(dpc("newer", namespace, resource, nodeSelector={y: "1"}))
+    wait_ready(cluster, operator, namespace, "newer", {shared, alone})
+    wait_for("both to say why the newer config keeps the node",
+             lambda: "could not be created" in condition(cluster, namespace, "older", "Conflict").get("message", "")
+             and "could not be created" in condition(cluster, namespace, "newer", "Conflict").get("message", ""),
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    assert condition(cluster, namespace, "newer", "Conflict")["reason"] == "KeepsNodes"
+
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}))
+    wait_ready(cluster, operator, namespace, "older", {shared})
+    wait_ready(cluster, operator, namespace, "newer", {alone})
+    wait_for("the newer config to yield the node again",
+             lambda: condition(cluster, namespace, "newer", "Conflict").get("reason") == "YieldsNodes",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    delete_configs(cluster, namespace, "older", "newer")
+
+
 # ---- rest: restart without writes, 60 s of steady state --------------------------------------------------------
 
 

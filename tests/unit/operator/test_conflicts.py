@@ -10,8 +10,10 @@ from deviceplane.operator.conflicts import Candidate, NodeInfo, Taint, eligible,
 from deviceplane.operator.names import ConfigKey
 
 
-def cand(name: str, created: str, selector: dict[str, str] | None = None, tolerations=(), resource="example.com/x"):
-    return Candidate(ConfigKey("ns", name), resource, created, selector or {}, list(tolerations))
+def cand(
+    name: str, created: str, selector: dict[str, str] | None = None, tolerations=(), resource="example.com/x", runs=True
+):
+    return Candidate(ConfigKey("ns", name), resource, created, selector or {}, list(tolerations), runs=runs)
 
 
 def test_toleration_semantics() -> None:
@@ -67,21 +69,51 @@ def test_deleting_the_older_hands_the_nodes_over() -> None:
     assert resolve([new], nodes)[new.key].excluded == frozenset()
 
 
+def test_an_older_config_that_runs_nowhere_keeps_no_node_from_one_that_runs() -> None:
+    """Its DaemonSet refused (or a DaemonSet of its name not ours): had it kept the shared nodes, no plugin would
+    serve them. Both report why the newer one keeps them."""
+    nodes = [NodeInfo("a", {"z": "1"}), NodeInfo("b", {"z": "1", "y": "1"})]
+    old = cand("old", "2026-01-01T00:00:00Z", {"z": "1"}, runs=False)
+    new = cand("new", "2026-01-02T00:00:00Z", {"y": "1"})
+    result = resolve([old, new], nodes)
+    assert result[new.key].excluded == frozenset()
+    assert result[old.key].excluded == {"b"}, "once it can be created, its first DaemonSet leaves b to new"
+    (c_old,) = result[old.key].conflicts
+    (c_new,) = result[new.key].conflicts
+    assert (c_old.owner, c_old.idle, c_old.nodes) == (False, "this", ("b",))
+    assert (c_new.owner, c_new.idle, c_new.nodes) == (True, "other", ("b",))
+
+
+def test_a_newer_config_that_runs_nowhere_changes_nothing_and_two_idle_ones_go_by_age() -> None:
+    nodes = [NodeInfo("a")]
+    old, new = cand("old", "2026-01-01T00:00:00Z"), cand("new", "2026-01-02T00:00:00Z", runs=False)
+    result = resolve([old, new], nodes)
+    assert result[old.key].excluded == frozenset() and result[new.key].excluded == {"a"}
+    assert [c.idle for c in result[old.key].conflicts] == [""], "age decided it: nothing to explain"
+    idle_old = cand("old", "2026-01-01T00:00:00Z", runs=False)
+    result = resolve([idle_old, new], nodes)
+    assert result[idle_old.key].excluded == frozenset() and result[new.key].excluded == {"a"}
+
+
 labels = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.sampled_from(["1", "2"]), max_size=2)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(
     node_labels=st.lists(labels, min_size=1, max_size=6),
-    selectors=st.lists(st.tuples(labels, st.integers(0, 3)), min_size=1, max_size=5),
+    selectors=st.lists(st.tuples(labels, st.integers(0, 3), st.booleans()), min_size=1, max_size=5),
 )
 def test_every_node_runs_at_most_one_plugin_per_resource_and_none_is_lost(node_labels, selectors) -> None:
+    """Exactly one config keeps each wanted node: the oldest that runs, or the oldest when none runs."""
     nodes = [NodeInfo(f"n{i}", lab) for i, lab in enumerate(node_labels)]
-    cands = [cand(f"c{i}", f"2026-01-0{day + 1}T00:00:00Z", sel) for i, (sel, day) in enumerate(selectors)]
+    cands = [
+        cand(f"c{i}", f"2026-01-0{day + 1}T00:00:00Z", sel, runs=runs) for i, (sel, day, runs) in enumerate(selectors)
+    ]
     result = resolve(cands, nodes)
     for node in nodes:
         wanting = [c for c in cands if eligible(node, c.node_selector, c.tolerations)]
         keeping = [c for c in wanting if node.name not in result[c.key].excluded]
         assert len(keeping) == (1 if wanting else 0)
         if wanting:
-            assert keeping[0] == min(wanting, key=lambda c: c.age_order)
+            running = [c for c in wanting if c.runs] or wanting
+            assert keeping[0] == min(running, key=lambda c: c.age_order)

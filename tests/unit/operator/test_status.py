@@ -6,7 +6,7 @@ from typing import Any
 
 from deviceplane.operator.conflicts import Conflict
 from deviceplane.operator.names import ConfigKey
-from deviceplane.operator.status import Observed, PodProblem, compute_status, pod_problem
+from deviceplane.operator.status import Observed, PodProblem, compute_status, pod_problem, runs_nowhere
 
 NOW = "2026-11-23T10:00:00Z"
 
@@ -143,3 +143,37 @@ def test_no_nodes_names_the_nodes_yielded_to_older_configs() -> None:
     message = cond(yielded, "Ready")["message"]
     assert cond(yielded, "Ready")["reason"] == "NoNodes"
     assert "3 nodes" in message and "yielded to older configs" in message and "no node matches" not in message
+
+
+def test_conflict_messages_say_when_the_older_config_runs_nowhere_and_count_one_node() -> None:
+    other = ConfigKey("team-a", "gpu-old")
+    keeps = compute_status(
+        Observed(1, False, None, conflicts=[Conflict(other, True, ("n3",), idle="other")]), None, NOW
+    )
+    message = cond(keeps, "Conflict")["message"]
+    assert message == (
+        "team-a/gpu-old serves the same resource on 1 node (it is older, but its DaemonSet could not be created, so "
+        "it runs nowhere: this config keeps them until it runs): n3"
+    )
+    assert cond(keeps, "Conflict")["reason"] == "KeepsNodes"
+    yields = compute_status(
+        Observed(1, False, None, conflicts=[Conflict(other, False, ("n3",), idle="this")]), None, NOW
+    )
+    assert "this config is older, but its DaemonSet could not be created" in cond(yields, "Conflict")["message"]
+    assert cond(yields, "Conflict")["reason"] == "YieldsNodes"
+
+
+def test_runs_nowhere_reads_the_stored_status_of_the_current_generation() -> None:
+    def config(generation: int, reason: str, daemon_set: str | None = None, observed: int = 1) -> dict[str, Any]:
+        status = compute_status(Observed(observed, False, None, problem=(reason, "m")), None, NOW)
+        if daemon_set:
+            status["daemonSet"] = daemon_set
+        return {"metadata": {"generation": generation}, "status": status}
+
+    assert runs_nowhere(config(1, "DaemonSetRejected"))
+    assert runs_nowhere(config(1, "DaemonSetNotOurs"))
+    assert not runs_nowhere(config(1, "DaemonSetWriteFailed")), "retrying: it may well run soon"
+    assert not runs_nowhere(config(1, "DaemonSetRejected", daemon_set="x-plugin")), "an update refused: it runs"
+    assert not runs_nowhere(config(2, "DaemonSetRejected")), "a new generation is tried again"
+    assert not runs_nowhere({"metadata": {"generation": 1}})
+    assert not runs_nowhere({"metadata": {}, "status": {"conditions": "junk", "observedGeneration": None}})
