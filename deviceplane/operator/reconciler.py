@@ -171,6 +171,7 @@ class Reconciler:
         self._status_echo = _Echo()
         self._backoff = _Backoff(retry_base, retry_cap)
         self._retry_timers: dict[ConfigKey, asyncio.TimerHandle] = {}
+        self._not_ours_seen: set[ConfigKey] = set()  # last seen: a DaemonSet of the config's name not ours
         self._resolution: dict[ConfigKey, conflict_rules.Resolution] | None = None
         self.statuses: dict[ConfigKey, Mapping[str, Any]] = {}  # last computed, for the metrics
 
@@ -261,6 +262,7 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Deleted: the DaemonSet goes by ownerReference garbage collection, nothing of ours to clean up.
             self.statuses.pop(key, None)
+            self._not_ours_seen.discard(key)
             self._ds_echo.forget(key)
             self._status_echo.forget(key)
             return _Outcome("unchanged")
@@ -326,10 +328,17 @@ class Reconciler:
     ) -> _Applied:
         """Create or repair the DaemonSet, turning the API server's refusals into a problem to report."""
         try:
+            if live is None and key in self._not_ours_seen:
+                # Last time a DaemonSet of this name was someone else's: read before writing again, so the retries
+                # while it stays are reads only.
+                existing = await self._get_daemonset(key)
+                if existing is not None:
+                    return await self._adopt_or_leave(key, uid, rendered, existing)
             if live is None:
                 return await self._create_daemonset(key, uid, rendered)
             if _controller_uid(live) not in (None, uid):
                 return self._not_ours(key)  # e.g. left by a deleted config of the same name, until it is collected
+            self._not_ours_seen.discard(key)
             written = await self._update_daemonset(key, rendered, live)
         except ApiException as exc:
             if exc.status in (404, 409):
@@ -367,26 +376,43 @@ class Reconciler:
         except ApiException as exc:
             if exc.status != 409:
                 raise
-            return await self._adopt_daemonset(key, uid, rendered)
+            existing = await self._get_daemonset(key)
+            if existing is None:
+                return _Applied(None, stale=True)  # gone again meanwhile: try once more
+            return await self._adopt_or_leave(key, uid, rendered, existing)
+        self._not_ours_seen.discard(key)
         return _Applied(created, changed=True)
 
-    async def _adopt_daemonset(self, key: ConfigKey, uid: str, rendered: dict[str, Any]) -> _Applied:
+    async def _get_daemonset(self, key: ConfigKey) -> dict[str, Any] | None:
+        try:
+            return await self._api.get_daemonset(key.namespace, key.daemonset)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _adopt_or_leave(
+        self, key: ConfigKey, uid: str, rendered: dict[str, Any], existing: Mapping[str, Any]
+    ) -> _Applied:
         """The DaemonSet exists but the (label-filtered) watch does not show it: if its controller is this config,
         it is ours with its labels edited by hand (drift: repaired), or the watch is just late (nothing to do);
         anyone else's is left alone."""
-        existing = await self._api.get_daemonset(key.namespace, key.daemonset)
         if _controller_uid(existing) != uid:
             return self._not_ours(key)
+        self._not_ours_seen.discard(key)
         log.info("DaemonSet %s/%s is ours though the watch does not show it", key.namespace, key.daemonset)
         written = await self._update_daemonset(key, rendered, existing)
         return _Applied(written or existing, changed=written is not None)
 
     def _not_ours(self, key: ConfigKey) -> _Applied:
+        """Left alone and reported; retried with the backoff, since deleting that DaemonSet (as the message says)
+        sends us no event when it is outside our label-filtered watch."""
         self._metrics.failures.labels("conflict").inc()
+        self._not_ours_seen.add(key)
         message = (
             f"DaemonSet {key.namespace}/{key.daemonset} exists and is not managed by this config: delete or rename it"
         )
-        return _Applied(None, problem=("DaemonSetNotOurs", message))
+        return _Applied(None, problem=("DaemonSetNotOurs", message), retry=True)
 
     async def _update_daemonset(
         self, key: ConfigKey, rendered: dict[str, Any], live: Mapping[str, Any]

@@ -110,6 +110,8 @@ class FakeApi:
 
     async def create_daemonset(self, body: dict[str, Any]) -> dict[str, Any]:
         self.creates.append(body)
+        if self.existing is not None and not self.errors:
+            raise api_error(409)  # as the API server answers while a DaemonSet of that name exists
         return self._stored(body, "100")
 
     async def replace_daemonset(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -343,6 +345,34 @@ def test_a_409_for_someone_elses_daemonset_is_reported_and_left_alone() -> None:
     assert api.replaces == []
     assert conditions(api)["Degraded"]["reason"] == "DaemonSetNotOurs"
     assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="conflict") == 1
+
+
+def test_deleting_someone_elses_daemonset_lets_the_retry_create_ours_with_reads_only_meanwhile() -> None:
+    """DaemonSetNotOurs says "delete or rename it", and a DaemonSet outside the label-filtered watch sends no event
+    when it goes: the operator retries with its backoff, reading (not re-sending the create) while it stays, and
+    creates its own once it is gone, with no event to wake it."""
+    view = FakeView(config_body())
+    reconciler, api, _ = started(view, [api_error(409)])
+    foreign = live_daemonset()
+    foreign["metadata"]["ownerReferences"] = []
+    api.existing = foreign
+
+    async def go() -> None:
+        task = asyncio.create_task(reconciler.run())
+        reconciler.enqueue(KEY)
+        await asyncio.sleep(40 * FAST_RETRY)  # several backoff periods
+        assert conditions(api)["Degraded"]["reason"] == "DaemonSetNotOurs"
+        assert len(api.creates) == 1, "the create was sent again while the foreign DaemonSet stayed"
+        assert api.gets >= 3, f"no retry: {api.gets} reads"
+        api.existing = None  # `kubectl delete ds`: no event reaches the operator
+        deadline = asyncio.get_running_loop().time() + 5
+        while view.ds is None and asyncio.get_running_loop().time() < deadline:  # noqa: ASYNC110 (polls a fake)
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(go())
+    assert view.ds is not None and len(api.creates) == 2
+    assert conditions(api)["Degraded"]["status"] == "False", conditions(api)["Degraded"]
 
 
 def test_a_daemonset_controlled_by_another_config_uid_is_not_replaced() -> None:
