@@ -96,6 +96,7 @@ class Cluster:
     started: list[Proc] = field(default_factory=list)
     admin_ssl: ssl.SSLContext | None = None  # the admin client certificate, for direct API requests
     audit_policy: Mapping[str, Any] | None = None  # opt-in: an audit.k8s.io/v1 Policy; events go to audit_log
+    apiserver_args: Sequence[str] = ()  # more kube-apiserver flags (e.g. admission plugins)
 
     @property
     def audit_log(self) -> Path:
@@ -160,6 +161,7 @@ class Cluster:
             "--profiling=false",
             "--endpoint-reconciler-type=none",
             "--v=1",
+            *self.apiserver_args,
         ]
         if self.audit_policy is not None:
             (w / "audit-policy.json").write_text(json.dumps(self.audit_policy))

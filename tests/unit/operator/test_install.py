@@ -43,7 +43,9 @@ def test_operator_rbac_is_least_privilege() -> None:
         ("deviceplane.io", "devicepluginconfigs"): {"get", "list", "watch"},
         ("deviceplane.io", "devicepluginconfigs/status"): {"patch"},
         ("deviceplane.io", "devicepluginconfigs/finalizers"): {"update"},
-        ("apps", "daemonsets"): {"get", "list", "watch", "create", "update"},
+        # delete: never sent, but OwnerReferencesPermissionEnforcement requires it to set an ownerReference on an
+        # existing DaemonSet (tests/e2e/test_operator_ownerrefs.py)
+        ("apps", "daemonsets"): {"get", "list", "watch", "create", "update", "delete"},
         ("", "pods"): {"list", "watch"},
         ("", "nodes"): {"list", "watch"},
         ("", "configmaps"): {"list", "watch"},
