@@ -69,12 +69,13 @@ def test_demo_with_duration_shows_tables_and_the_flip():
     assert "Unhealthy" in row(after.split("static pods")[0], "sim-3")
     assert "Healthy" in row(after.split("static pods")[0], "can-3")
     assert re.search(r"example\.com/sim\s+│\s+connected\s+│\s+8\s+│\s+7\s+│\s+7\s+│", after), after
-    # Static pods (the agent admits them since the allocation issue landed): two sim devices packed on the NUMA node
-    # with the most healthy devices (node 1, since sim-3 on node 0 is unhealthy), one cola file.
+    # Static pods (the agent admits them since the allocation issue landed): two sim devices packed on one NUMA node,
+    # the best fit - node 0, whose 3 healthy devices (sim-3 is not) hold them, leaving node 1's 4 whole - and one
+    # cola file.
     pods = out.partition("static pods written")[2]
     trainer = re.search(r"demo/trainer\s+│\s+yes\s+│\s+train\s+│\s+example\.com/sim: (sim-\d),(sim-\d)", pods)
     assert trainer, out
-    assert {int(device_id.removeprefix("sim-")) // 4 for device_id in trainer.groups()} == {1}
+    assert {int(device_id.removeprefix("sim-")) // 4 for device_id in trainer.groups()} == {0}
     assert re.search(r"demo/reader\s+│\s+yes\s+│\s+read\s+│\s+example\.com/cola: can-\d", pods), out
     assert "demo/trainer/train" in row(pods, trainer.group(1))
     assert "watching for changes (for 3s)" in out
