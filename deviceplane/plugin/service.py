@@ -65,11 +65,14 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         known = self._devices.current.by_id
         requested = [list(container.devices_ids) for container in request.container_requests]
         # Every container's ids are checked before any hook runs: a refused request has no side effects, and hooks
-        # can trust their input. The wording is the kubelet sample plugin's.
+        # can trust their input. The checks and their wording are the kubelet sample plugin's (spec §7.2).
         for ids in requested:
             for device_id in ids:
-                if device_id not in known:
+                device = known.get(device_id)
+                if device is None:
                     await abort(context, f"invalid allocation request with non-existing device {device_id}")
+                if not device.healthy:
+                    await abort(context, f"invalid allocation request with unhealthy device: {device_id}")
         response = pb.AllocateResponse()
         for ids in requested:
             response.container_responses.append(await self._allocate_one(ids, context))
@@ -82,7 +85,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         if result is None:
             return pb.ContainerAllocateResponse()
         if isinstance(result, Allocation):
-            return result.to_proto()
+            try:
+                return result.to_proto()
+            except (TypeError, ValueError) as err:
+                log.error("allocate hook returned an invalid Allocation: %s", err)
+                await abort(context, f"allocate: hook returned an invalid Allocation: {err}")
         if isinstance(result, pb.ContainerAllocateResponse):
             return result
         await abort(context, f"allocate: hook returned {type(result).__name__}, expected Allocation or None")
@@ -110,7 +117,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self, request: pb.PreStartContainerRequest, context: Context
     ) -> pb.PreStartContainerResponse:
         if self._hooks.pre_start_container is not None:
-            await call_hook("pre_start_container", self._hooks.pre_start_container, context, list(request.devices_ids))
+            ids = list(request.devices_ids)
+            known = self._devices.current.by_id
+            for device_id in ids:  # as Allocate: the hook only sees devices the plugin lists
+                if device_id not in known:
+                    await abort(context, f"invalid pre-start request with non-existing device {device_id}")
+            await call_hook("pre_start_container", self._hooks.pre_start_container, context, ids)
         return pb.PreStartContainerResponse()
 
 

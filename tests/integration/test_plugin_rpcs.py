@@ -111,6 +111,34 @@ async def test_failing_hook_fails_only_that_call(env):
     assert not connection.stream_ended
 
 
+async def test_allocate_refuses_unhealthy_devices_and_pre_start_unknown_ones(env):
+    """As the kubelet's sample plugin (spec §7.2): an unhealthy device is refused before any hook runs; and
+    PreStartContainer, like Allocate, hands its hook only devices the plugin lists."""
+    proc, connection, _ = env
+    proc.control("POST", "/devices/sim-3/unhealthy")
+    await wait_until(lambda: connection.latest["sim-3"][0] == "Unhealthy", what="sim-3 unhealthy")
+    refusals = [
+        (connection.stub.Allocate(allocate_request(["sim-2"], ["sim-3"]), timeout=5),
+         "invalid allocation request with unhealthy device: sim-3"),
+        (connection.stub.PreStartContainer(pb.PreStartContainerRequest(devices_ids=["sim-1", "sim-99"]), timeout=5),
+         "invalid pre-start request with non-existing device sim-99"),
+    ]  # fmt: skip
+    for call, message in refusals:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNKNOWN, message)
+    assert proc.control("GET", "/calls")["counts"] == {
+        "Allocate": 0,
+        "GetPreferredAllocation": 0,
+        "PreStartContainer": 0,
+    }
+    # A device that is back to healthy is allocated again.
+    proc.control("POST", "/devices/sim-3/healthy")
+    await wait_until(lambda: connection.latest["sim-3"][0] == "Healthy", what="sim-3 healthy")
+    response = await connection.stub.Allocate(allocate_request(["sim-3"]), timeout=5)
+    assert dict(response.container_responses[0].envs) == {"SIM_DEVICES": "sim-3"}
+
+
 async def test_hanging_hook_only_blocks_its_caller(env):
     proc, connection, _ = env
     proc.control("PUT", "/faults/Allocate", {"mode": "hang", "times": 1})

@@ -80,6 +80,8 @@ async def allocate(ids):
         raise ValueError(f"cannot allocate {ids}")
     if "weird" in ids:
         return 42  # not an Allocation: the SDK must refuse it, for this call only
+    if "badenv" in ids:
+        return Allocation(envs={"N": 1})  # protobuf's TypeError named neither the hook nor the field
     return Allocation(envs={"IDS": ",".join(ids)}, mounts=[Mount("/c", "/h", read_only=True)],
                       cdi_devices=["v.com/x=1"])
 
@@ -90,7 +92,8 @@ def pre_start(ids):
     raise RuntimeError("")  # empty message: the error names the exception type
 
 async def main():
-    plugin = DevicePlugin("example.com/async", [Device("ok"), Device("bad"), Device("weird")], allocate=allocate,
+    plugin = DevicePlugin("example.com/async", [Device("ok"), Device("bad"), Device("weird"), Device("badenv")],
+                          allocate=allocate,
                           get_preferred_allocation=preferred, pre_start_container=pre_start)
     other = DevicePlugin("example.com/other", [Device("o")])
     # stop() from another thread ends serve(); the other plugin stops on SIGTERM with this one
@@ -120,8 +123,12 @@ async def test_async_plugin_hooks_and_errors(tmp_kubelet, spawn):
     assert [(m.container_path, m.host_path, m.read_only) for m in part.mounts] == [("/c", "/h", True)]
     assert [d.name for d in part.cdi_devices] == ["v.com/x=1"]
 
-    for ids, message in [(["ok", "bad"], "allocate: cannot allocate ['ok', 'bad']"),
-                         (["weird"], "allocate: hook returned int, expected Allocation or None")]:  # fmt: skip
+    refused = [
+        (["ok", "bad"], "allocate: cannot allocate ['ok', 'bad']"),
+        (["weird"], "allocate: hook returned int, expected Allocation or None"),
+        (["badenv"], "allocate: hook returned an invalid Allocation: envs['N']: int 1, expected str"),
+    ]
+    for ids, message in refused:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await connection.stub.Allocate(allocate(*ids), timeout=5)
         assert (err.value.code(), err.value.details()) == (grpc.StatusCode.UNKNOWN, message)

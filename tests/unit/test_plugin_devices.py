@@ -17,6 +17,31 @@ def test_device_validation():
             Device(**bad)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("healthy", ["Unhealthy", "Healthy", 0, 1, None])
+def test_health_is_a_bool(healthy):
+    """Any truthy value counted: Device(id, healthy="Unhealthy") was streamed to the kubelet as Healthy."""
+    with pytest.raises(ValueError, match=rf"device 'a': healthy must be True or False, got {healthy!r}"):
+        Device("a", healthy=healthy)
+
+
+@pytest.mark.parametrize(
+    ("allocation", "message"),
+    [
+        (Allocation(envs={"A": 1}), "envs['A']: int 1, expected str"),  # type: ignore[dict-item]
+        (Allocation(annotations={1: "v"}), "annotations[1]: int 1, expected str"),  # type: ignore[dict-item]
+        (Allocation(envs=[("A", "1")]), "envs is list, expected a mapping of str to str"),  # type: ignore[arg-type]
+        (Allocation(mounts=[Mount("/c", 5)]), "mounts[0].host_path is int 5, expected str"),  # type: ignore[arg-type]
+        (Allocation(devices=[Mount("/c", "/h")]), "devices[0] is Mount, expected DeviceSpec"),  # type: ignore[list-item]
+        (Allocation(cdi_devices="v.com/c=1"), "cdi_devices is str, expected a list of str"),
+    ],
+)
+def test_allocation_names_the_bad_field(allocation, message):
+    """protobuf's own TypeError ("bad argument type for built-in operation") named neither field nor value."""
+    with pytest.raises(TypeError) as err:
+        allocation.to_proto()
+    assert str(err.value) == message
+
+
 def test_device_proto():
     assert Device("a", healthy=False, numa_nodes=[1]).to_proto() == pb.Device(
         ID="a", health="Unhealthy", topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)])
