@@ -1,10 +1,12 @@
 """example.com/slot: a complete device plugin - four slots on two NUMA nodes, with a health check."""
+import logging
 import os
 import threading
 import time
 
 from deviceplane.plugin import Allocation, Device, DevicePlugin
 
+logging.basicConfig(level=logging.INFO)  # the SDK logs registration, restarts and failing hooks, with tracebacks
 STATE_DIR = os.environ.get("SLOT_STATE_DIR", "/run/slots")  # slot-N is unhealthy while STATE_DIR/slot-N.broken exists
 
 def slots() -> list[Device]:

@@ -68,6 +68,8 @@ async def test_readme_example_runs(tmp_kubelet, spawn):
     output, _ = proc.communicate(timeout=10)
     assert proc.returncode == 0, output
     assert "Traceback" not in output
+    # The example sets up logging: without it, Python drops the SDK's INFO lines and prints WARNING and up bare.
+    assert "INFO:deviceplane.plugin:example.com/slot: registered with" in output, output
     assert not connection.socket.exists()
 
 
