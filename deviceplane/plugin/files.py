@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from deviceplane.plugin.watch import dir_changes
 log = logging.getLogger("deviceplane.plugin.files")
 
 NAME = "files"
+# The API server's rule for a container's env var name (IsEnvVarName): a pod with another name is refused.
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 HELP = "every regular file in a directory is a device (the 'cola' plugin)"
 
 
@@ -96,6 +99,10 @@ class FilesPlugin:
         plugin_dir: Path | None = None,
         registry_dir: Path | None = None,
     ) -> None:
+        if not _ENV_NAME.fullmatch(env):
+            raise ValueError(f"--env {env!r}: not an environment variable name (letters, digits, '_', '-', '.')")
+        if not mount_dir.startswith("/"):
+            raise ValueError(f"--mount-dir {mount_dir!r}: must be an absolute path in the container")
         if not directory.exists():
             raise ValueError(f"--dir {directory}: no such directory")
         if not directory.is_dir():

@@ -86,6 +86,27 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+# Each flip is a snapshot to every ListAndWatch stream: beyond this the sim only spins (a rate of 1e9 slept 1 ns).
+MAX_FLAP_RATE = 1000.0
+# An injected hang longer than a day is a mistake (and NaN, which passed `< 0`, slept for no time at all).
+MAX_FAULT_SECONDS = 86_400.0
+MAX_FAULT_TIMES = 1_000_000
+
+
+def flap_rate(text: str) -> float:
+    value = non_negative_float(text)
+    if value > MAX_FLAP_RATE:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_FLAP_RATE:g} flips per second, got {text}")
+    return value
+
+
+def check_flap_rate(rate: Any) -> float:
+    """The control endpoint's rate: ValueError (a 400) unless a number in [0, MAX_FLAP_RATE]."""
+    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= MAX_FLAP_RATE:
+        raise ValueError(f"rate must be a number of flips per second from 0 to {MAX_FLAP_RATE:g}, got {rate!r}")
+    return float(rate)
+
+
 def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
@@ -101,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--control", type=_address, metavar="HOST:PORT", help="serve the HTTP control endpoint here (port 0: any)"
     )
     parser.add_argument(
-        "--flap-rate", type=non_negative_float, default=0.0, help="random health flips per second [0 = off]"
+        "--flap-rate", type=flap_rate, default=0.0, help="random health flips per second, up to 1000 [0 = off]"
     )
     parser.add_argument("--seed", type=int, help="seed for --flap-rate (default: random)")
     parser.add_argument("--no-preferred-allocation", action="store_true", help="do not offer GetPreferredAllocation")
@@ -131,13 +152,20 @@ class Fault:
     def from_json(cls, data: Any) -> Fault:
         if not isinstance(data, dict) or data.get("mode") not in ("fail", "hang"):
             raise ValueError('expected {"mode": "fail"|"hang", "message"?, "seconds"?, "times"?}')
-        seconds, times = data.get("seconds"), data.get("times")
-        if seconds is not None and (not isinstance(seconds, int | float) or seconds < 0):
-            raise ValueError("seconds must be a number >= 0")
-        if times is not None and (not isinstance(times, int) or times < 1):
-            raise ValueError("times must be an integer >= 1")
+        seconds, times, message = data.get("seconds"), data.get("times"), data.get("message", "injected failure")
+        # bool is an int to Python (`true` was 1 time), and NaN compares false with everything.
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_FAULT_SECONDS
+        ):
+            raise ValueError(f"seconds must be a number from 0 to {MAX_FAULT_SECONDS:g}, got {seconds!r}")
+        if times is not None and (
+            isinstance(times, bool) or not isinstance(times, int) or not 1 <= times <= MAX_FAULT_TIMES
+        ):
+            raise ValueError(f"times must be an integer from 1 to {MAX_FAULT_TIMES}, got {times!r}")
+        if not isinstance(message, str):
+            raise ValueError(f"message must be a string, got {message!r}")
         mode: FaultMode = "fail" if data["mode"] == "fail" else "hang"
-        return cls(mode, str(data.get("message", "injected failure")), seconds, times)
+        return cls(mode, message, seconds, times)
 
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "message": self.message, "seconds": self.seconds, "times": self.remaining}

@@ -12,8 +12,9 @@
   DELETE /calls                          forget recorded calls
   GET    /faults                         injected faults by RPC
   PUT    /faults/{rpc}  {"mode": "fail"|"hang", "message"?, "seconds"?, "times"?}
+                                         seconds 0 to 86,400, times 1 to 1,000,000; else 400 with the reason
   DELETE /faults/{rpc}
-  PUT    /flap  {"rate": flips_per_second}
+  PUT    /flap  {"rate": flips_per_second}   0 to 1000
 
 The bound address is printed on stdout as `control: http://HOST:PORT` (useful with port 0).
 """
@@ -21,14 +22,13 @@ The bound address is printed on stdout as `control: http://HOST:PORT` (useful wi
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from aiohttp import web
 
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.plugin.plugin import PluginError
-from deviceplane.plugin.sim import RPCS, Fault, SimPlugin
+from deviceplane.plugin.sim import RPCS, Fault, SimPlugin, check_flap_rate
 
 SIM_KEY = web.AppKey("sim", SimPlugin)
 
@@ -131,10 +131,12 @@ async def delete_fault(request: web.Request) -> web.Response:
 
 async def put_flap(request: web.Request) -> web.Response:
     body = await _json_body(request)
-    rate = body.get("rate") if isinstance(body, dict) else None
-    if not isinstance(rate, int | float) or isinstance(rate, bool) or not math.isfinite(rate) or rate < 0:
-        raise _http_error(web.HTTPBadRequest, 'expected {"rate": <flips per second, >= 0>}')
-    _sim(request).flap_rate = float(rate)
+    if not isinstance(body, dict) or "rate" not in body:
+        raise _http_error(web.HTTPBadRequest, 'expected {"rate": <flips per second, 0 to 1000>}')
+    try:
+        _sim(request).flap_rate = check_flap_rate(body["rate"])
+    except ValueError as err:
+        raise _http_error(web.HTTPBadRequest, str(err)) from None
     return web.json_response({"ok": True})
 
 

@@ -28,6 +28,22 @@ def test_files_dir_is_a_file(short_tmp):
     assert_usage_error(result, "not a directory")
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mount-dir", "relative"], "--mount-dir 'relative': must be an absolute path in the container"),
+        (["--mount-dir", ""], "--mount-dir '': must be an absolute path in the container"),
+        (["--env", ""], "--env '': not an environment variable name"),
+        (["--env", "A=B"], "--env 'A=B': not an environment variable name"),
+        (["--env", "1ST"], "--env '1ST': not an environment variable name"),
+    ],
+)
+def test_files_bad_allocation_settings(short_tmp, args, message):
+    """Each was accepted, to give containers mounts at a relative path or an env var that cannot exist."""
+    result = run_plugin_cli("files", "--plugin-dir", str(short_tmp / "dp"), "--dir", str(short_tmp), *args)
+    assert_usage_error(result, f"deviceplane plugin files: error: {message}")
+
+
 def test_files_requires_dir(short_tmp):
     assert_usage_error(run_plugin_cli("files", "--plugin-dir", str(short_tmp)), "--dir")
 
@@ -43,6 +59,7 @@ def test_files_requires_dir(short_tmp):
         (["--numa", "-2"], "argument --numa: must be >= 0"),
         (["--flap-rate", "-1"], "argument --flap-rate: must be a finite number >= 0"),
         (["--flap-rate", "nan"], "argument --flap-rate: must be a finite number >= 0"),
+        (["--flap-rate", "1e9"], "argument --flap-rate: must be <= 1000 flips per second, got 1e9"),
         (["--control", "nowhere"], "argument --control: expected HOST:PORT"),
         (["--control", "127.0.0.1:99999"], "argument --control: expected HOST:PORT"),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import grpc
@@ -204,7 +205,20 @@ async def test_control_rejects_bad_requests(env):
         proc.control("PUT", "/faults/Nope", {"mode": "fail"})
     with pytest.raises(AssertionError, match="400"):
         proc.control("PUT", "/flap", {"rate": -1})
+    # NaN seconds passed `< 0` and hung for no time, `true` was 1 time, a rate of 1e9 spun a core.
+    bad = [
+        ("/faults/Allocate", {"mode": "hang", "seconds": float("nan")}, "seconds must be a number from 0 to 86400"),
+        ("/faults/Allocate", {"mode": "hang", "seconds": 1e12}, "seconds must be a number from 0 to 86400"),
+        ("/faults/Allocate", {"mode": "fail", "times": True}, "times must be an integer from 1 to 1000000"),
+        ("/faults/Allocate", {"mode": "fail", "message": 5}, "message must be a string, got 5"),
+        ("/flap", {"rate": 1e9}, "rate must be a number of flips per second from 0 to 1000, got 1000000000.0"),
+        ("/flap", {"rate": True}, "rate must be a number of flips per second from 0 to 1000, got True"),
+    ]
+    for path, body, message in bad:
+        with pytest.raises(AssertionError, match=rf"400 .*{re.escape(message)}"):
+            proc.control("PUT", path, body)
     assert proc.control("GET", "/faults") == {}
+    assert proc.control("GET", "/devices")["flapRate"] == 0
 
 
 async def test_flapping_changes_health_over_time(env):
