@@ -113,8 +113,8 @@ DEVICE_PLUGIN_CONFIG = CrdSpec(
             "Degraded",
             '.status.conditions[?(@.type=="Degraded")].reason',
             "string",
-            "What is failing (AsExpected: nothing): PodsFailing, DaemonSetRejected, DaemonSetWriteFailed, "
-            "DaemonSetNotOurs, ConfigMapMissing, InvalidSpec.",
+            "What is failing (AsExpected: nothing): PodsFailing, PodsNotCreated, DaemonSetRejected, "
+            "DaemonSetWriteFailed, DaemonSetNotOurs, ConfigMapMissing, InvalidSpec.",
         ),
     ),
     labels=LABELS,

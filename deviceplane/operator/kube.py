@@ -33,6 +33,7 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
         self._apps = client.AppsV1Api(api_client)
+        self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
 
     async def create_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -46,6 +47,13 @@ class KubeApi:
     async def replace_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
         meta = body["metadata"]
         return await self._json(self._apps.replace_namespaced_daemon_set, meta["name"], meta["namespace"], body)
+
+    async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        """core/v1 Events in a namespace matching a field selector (e.g. one object's FailedCreate events)."""
+        answer = await self._json(
+            lambda ns, **kw: self._core.list_namespaced_event(ns, field_selector=field_selector, **kw), namespace
+        )
+        return list(answer.get("items") or [])
 
     async def patch_status(self, key: ConfigKey, status_patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of the status subresource (null deletes a field)."""

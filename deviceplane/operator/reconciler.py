@@ -29,7 +29,14 @@ from deviceplane.operator.kube import ApiException, KubeApi
 from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import CONFIG_HASH_ANNOTATION, ConfigKey
 from deviceplane.operator.render import Owner, render_daemonset
-from deviceplane.operator.status import Observed, PodProblem, compute_status, runs_nowhere
+from deviceplane.operator.status import (
+    Observed,
+    PodProblem,
+    compute_status,
+    degraded_reason,
+    pods_missing,
+    runs_nowhere,
+)
 
 log = logging.getLogger("deviceplane.operator")
 
@@ -66,6 +73,10 @@ def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
 
 
 ECHO_TIMEOUT = 5.0  # seconds to wait for the watch to show our own write before trusting the cache again
+# Seconds the DaemonSet may have fewer pods than it wants, at its current generation, before Degraded says
+# PodsNotCreated: the controller creates pods within a second or two, also on a loaded cluster; what lasts longer
+# (a missing PriorityClass, an exhausted quota, an admission webhook refusing them) will not pass by itself.
+PODS_NOT_CREATED_AFTER = 30.0
 RETRY_BASE = 0.5  # seconds before the first retry after a transient failure; doubled per failure in a row
 RETRY_CAP = 60.0  # seconds: the longest wait between retries
 
@@ -158,6 +169,7 @@ class Reconciler:
         workers: int = 4,
         retry_base: float = RETRY_BASE,
         retry_cap: float = RETRY_CAP,
+        pods_not_created_after: float = PODS_NOT_CREATED_AFTER,
     ) -> None:
         self._view = view
         self._api = api
@@ -172,6 +184,11 @@ class Reconciler:
         self._backoff = _Backoff(retry_base, retry_cap)
         self._retry_timers: dict[ConfigKey, asyncio.TimerHandle] = {}
         self._not_ours_seen: set[ConfigKey] = set()  # last seen: a DaemonSet of the config's name not ours
+        self._pods_not_created_after = pods_not_created_after
+        # Pods missing: (DaemonSet uid, generation) -> since when (monotonic), and the cause read for it.
+        self._missing_since: dict[ConfigKey, tuple[tuple[str, int], float]] = {}
+        self._missing_cause: dict[ConfigKey, tuple[tuple[str, int, int], str]] = {}
+        self._missing_timers: dict[ConfigKey, asyncio.TimerHandle] = {}
         self._resolution: dict[ConfigKey, conflict_rules.Resolution] | None = None
         self.statuses: dict[ConfigKey, Mapping[str, Any]] = {}  # last computed, for the metrics
 
@@ -263,6 +280,7 @@ class Reconciler:
             # Deleted: the DaemonSet goes by ownerReference garbage collection, nothing of ours to clean up.
             self.statuses.pop(key, None)
             self._not_ours_seen.discard(key)
+            self._forget_missing(key)
             self._ds_echo.forget(key)
             self._status_echo.forget(key)
             return _Outcome("unchanged")
@@ -298,11 +316,71 @@ class Reconciler:
             problem=applied.problem or problem,
             outdated=None if spec.paused else _outdated(applied, rendered),
             yielded_nodes=len(resolution.excluded),
+            pods_not_created=await self._pods_not_created(key, body, applied.live),
         )
         status_result = await self._write_status(key, body, observed)
         if applied.failed:
             return _Outcome("failed", retry=applied.retry)
         return _Outcome("changed" if applied.changed or status_result == "changed" else status_result)
+
+    async def _pods_not_created(
+        self, key: ConfigKey, body: Mapping[str, Any], ds: Mapping[str, Any] | None
+    ) -> str | None:
+        """The cause to report when the DaemonSet has lacked pods for PODS_NOT_CREATED_AFTER at its current generation
+        (None: it has not, or not for that long yet; the key is looked at again when that time is up)."""
+        if not pods_missing(ds):
+            self._forget_missing(key)
+            return None
+        assert ds is not None
+        meta, ds_status = ds.get("metadata") or {}, ds.get("status") or {}
+        episode = (str(meta.get("uid") or ""), int(meta.get("generation", 0)))
+        now = time.monotonic()
+        since = self._missing_since.get(key)
+        if since is None or since[0] != episode:
+            # Already reported before (e.g. before an operator restart): it has lasted long enough.
+            reported = degraded_reason(body) == "PodsNotCreated"
+            since = (episode, now - self._pods_not_created_after if reported else now)
+            self._missing_since[key] = since
+        due = since[1] + self._pods_not_created_after - now
+        if due > 0:
+            if key not in self._missing_timers:
+                self._missing_timers[key] = asyncio.get_running_loop().call_later(due + 0.1, self._missing_due, key)
+            return None
+        # Read the DaemonSet's latest FailedCreate event once per episode and count of pods scheduled.
+        cause_key = (*episode, int(ds_status.get("currentNumberScheduled", 0)))
+        cached = self._missing_cause.get(key)
+        if cached is None or cached[0] != cause_key:
+            cached = (cause_key, await self._failed_create_message(key, episode[0]))
+            self._missing_cause[key] = cached
+        return cached[1]
+
+    def _missing_due(self, key: ConfigKey) -> None:
+        self._missing_timers.pop(key, None)
+        self.enqueue(key)
+
+    def _forget_missing(self, key: ConfigKey) -> None:
+        self._missing_since.pop(key, None)
+        self._missing_cause.pop(key, None)
+        timer = self._missing_timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def _failed_create_message(self, key: ConfigKey, ds_uid: str) -> str:
+        """The message of the DaemonSet's latest FailedCreate event ("" if none, or the read failed: the status
+        then points to the events)."""
+        selector = (
+            f"involvedObject.kind=DaemonSet,involvedObject.name={key.daemonset},"
+            f"involvedObject.uid={ds_uid},reason=FailedCreate"
+        )
+        try:
+            events = await self._api.list_events(key.namespace, selector)
+        except Exception as exc:  # a read for a better message only: never fails the reconcile
+            log.warning("reconcile %s: reading the DaemonSet's events failed: %s", key, _describe(exc))
+            return ""
+        if not events:
+            return ""
+        latest = max(events, key=_event_time)
+        return str(latest.get("message") or "")
 
     def _config_hash(
         self, key: ConfigKey, spec: DevicePluginConfigSpec, live: Mapping[str, Any] | None
@@ -495,6 +573,19 @@ def _outdated(applied: _Applied, rendered: Mapping[str, Any]) -> str | None:
     if render_hash(applied.live) != render_hash(rendered):
         return "the DaemonSet still runs an older rendering of this config: its update is pending"
     return None
+
+
+def _event_time(event: Mapping[str, Any]) -> str:
+    """When an Event last happened (RFC 3339 text sorts chronologically; the API server fills one of these)."""
+    series = event.get("series") or {}
+    meta = event.get("metadata") or {}
+    return str(
+        series.get("lastObservedTime")
+        or event.get("lastTimestamp")
+        or event.get("eventTime")
+        or meta.get("creationTimestamp")
+        or ""
+    )
 
 
 def _template_annotation(ds: Mapping[str, Any] | None, name: str) -> str | None:

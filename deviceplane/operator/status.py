@@ -53,6 +53,9 @@ class Observed:
     problem: tuple[str, str] | None = None  # (reason, message): something only the operator knows, e.g. a write error
     outdated: str | None = None  # why the live DaemonSet does not run the current rendering (e.g. refused update)
     yielded_nodes: int = 0  # nodes this config matches but leaves to older configs of its resource
+    # Set when the DaemonSet controller has failed to create some pods for a while: the latest FailedCreate event's
+    # message, or "" when none could be read.
+    pods_not_created: str | None = None
 
 
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
@@ -180,6 +183,14 @@ def _no_nodes_message(yielded: int) -> str:
 def _degraded(observed: Observed) -> Triple:
     if observed.problem is not None:
         return ("True", observed.problem[0], observed.problem[1])
+    if observed.pods_not_created is not None and observed.daemonset is not None:
+        s = _map(observed.daemonset.get("status"))
+        missing = int(s.get("desiredNumberScheduled", 0)) - int(s.get("currentNumberScheduled", 0))
+        name = _text(_map(observed.daemonset.get("metadata")).get("name")) or "?"
+        cause = _clip(observed.pods_not_created) or (
+            f"see the DaemonSet's FailedCreate events (kubectl describe daemonset {name})"
+        )
+        return ("True", "PodsNotCreated", f"{_count(max(missing, 0), 'plugin pod')} could not be created: {cause}")
     problems = list(observed.pod_problems)
     if problems:
         named = "; ".join(p.describe() for p in sorted(problems, key=lambda p: p.name)[:MAX_NAMED_PODS])
@@ -217,16 +228,35 @@ def _count(count: int, noun: str) -> str:
 _NOT_CREATED_REASONS = frozenset({"DaemonSetRejected", "DaemonSetNotOurs"})
 
 
+def pods_missing(ds: Mapping[str, Any] | None) -> bool:
+    """Has the DaemonSet controller, at the DaemonSet's current generation, scheduled fewer pods than it wants?
+    (Brief while it creates them; lasting when it cannot, e.g. a missing PriorityClass or an exhausted quota.)"""
+    if ds is None:
+        return False
+    meta, s = _map(ds.get("metadata")), _map(ds.get("status"))
+    current_generation = int(s.get("observedGeneration", 0)) >= int(meta.get("generation", 0))
+    return current_generation and int(s.get("currentNumberScheduled", 0)) < int(s.get("desiredNumberScheduled", 0))
+
+
+def degraded_reason(config: Mapping[str, Any]) -> str | None:
+    """The Degraded reason in a config's stored status, if it is for the config's current generation."""
+    meta, status = _map(config.get("metadata")), _map(config.get("status"))
+    if status.get("observedGeneration") != meta.get("generation"):
+        return None
+    degraded = next((_map(c) for c in _list(status.get("conditions")) if _map(c).get("type") == "Degraded"), {})
+    if degraded.get("status") != "True":
+        return None
+    return _text(degraded.get("reason")) or None
+
+
 def runs_nowhere(config: Mapping[str, Any]) -> bool:
     """Does the status the operator wrote say that, at the config's current generation, it has no DaemonSet because
     one could not be created (refused, or a DaemonSet of its name is not ours)? Such a config keeps no node from a
     config that runs. Read from the stored status, so it holds across operator restarts; a new generation is tried
     again, and runs until refused."""
-    meta, status = _map(config.get("metadata")), _map(config.get("status"))
-    if status.get("daemonSet") or status.get("observedGeneration") != meta.get("generation"):
+    if _map(config.get("status")).get("daemonSet"):
         return False
-    degraded = next((_map(c) for c in _list(status.get("conditions")) if _map(c).get("type") == "Degraded"), {})
-    return degraded.get("status") == "True" and degraded.get("reason") in _NOT_CREATED_REASONS
+    return degraded_reason(config) in _NOT_CREATED_REASONS
 
 
 def _keep_transition_times(

@@ -409,6 +409,35 @@ def test_deleting_the_foreign_daemonset_lets_the_operator_create_its_own(
     delete_configs(cluster, namespace, "mine")
 
 
+def test_pods_that_cannot_be_created_are_degraded_with_the_cause(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """A PriorityClass that does not exist: the DaemonSet controller can create no pod, and says why only in its
+    FailedCreate events. After PODS_NOT_CREATED_AFTER (30 s) the config is Degraded/PodsNotCreated with that cause."""
+    cluster = operator.cluster
+    t = tag()
+    label = f"e2e-np-{t}"
+    kwok_nodes(2, prefix="np", labels={label: "yes"}, taints=[])
+    cluster.apply(dpc("np", namespace, f"example.com/np-{t}", nodeSelector={label: "yes"},
+                      priorityClassName="does-not-exist"))  # fmt: skip
+    started = time.monotonic()
+    wait_for("Degraded=PodsNotCreated",
+             lambda: condition(cluster, namespace, "np", "Degraded").get("reason") == "PodsNotCreated",
+             procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
+    print(f"PodsNotCreated after {time.monotonic() - started:.1f} s")
+    degraded = condition(cluster, namespace, "np", "Degraded")
+    assert degraded["message"].startswith("2 plugin pods could not be created: "), degraded
+    assert "no PriorityClass with name does-not-exist was found" in degraded["message"], degraded
+    assert condition(cluster, namespace, "np", "Ready")["status"] == "False"
+
+    # Fixed: the pods are created and Degraded clears.
+    cluster.kubectl("patch", "dpc", "np", "-n", namespace, "--type=json",
+                    "-p", json.dumps([{"op": "remove", "path": "/spec/priorityClassName"}]))  # fmt: skip
+    wait_for("Degraded to clear", lambda: condition(cluster, namespace, "np", "Degraded").get("status") == "False",
+             procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
+    delete_configs(cluster, namespace, "np")
+
+
 # ---- repairs: the operator's own DaemonSet relabelled, hand-added pod-spec fields, a refused spec, a lost ConfigMap
 
 

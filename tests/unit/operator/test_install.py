@@ -49,6 +49,7 @@ def test_operator_rbac_is_least_privilege() -> None:
         ("", "pods"): {"list", "watch"},
         ("", "nodes"): {"list", "watch"},
         ("", "configmaps"): {"list", "watch"},
+        ("", "events"): {"list"},  # a DaemonSet's latest FailedCreate, for Degraded/PodsNotCreated
     }
     (binding,) = [b for b in by_kind("ClusterRoleBinding") if b["metadata"]["name"] == "deviceplane-operator"]
     assert binding["subjects"] == [

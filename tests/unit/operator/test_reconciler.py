@@ -107,6 +107,8 @@ class FakeApi:
         self.existing: dict[str, Any] | None = None  # what a GET of the DaemonSet returns
         self.statuses: list[dict[str, Any]] = []
         self.watch: Reconciler | None = None
+        self.events: list[dict[str, Any]] = []  # what listing Events returns
+        self.event_selectors: list[str] = []
 
     async def create_daemonset(self, body: dict[str, Any]) -> dict[str, Any]:
         self.creates.append(body)
@@ -123,6 +125,10 @@ class FakeApi:
         if self.existing is None:
             raise api_error(404)
         return copy.deepcopy(self.existing)
+
+    async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        self.event_selectors.append(field_selector)
+        return copy.deepcopy(self.events)
 
     async def patch_status(self, key: ConfigKey, patch: dict[str, Any]) -> dict[str, Any]:
         self.statuses.append(patch)
@@ -481,3 +487,70 @@ def test_a_canonicalised_divisor_causes_no_update() -> None:
 
     asyncio.run(three())
     assert api.replaces == [], drifted_fields(live_daemonset(env=env), live)
+
+
+# ---- pods the DaemonSet controller cannot create -------------------------------------------------------------------
+
+
+def starved_daemonset() -> dict[str, Any]:
+    """Observed at its generation, 3 nodes wanted, no pod created (e.g. its PriorityClass does not exist)."""
+    ds = live_daemonset(ready=False)
+    ds["status"].update(desiredNumberScheduled=3, currentNumberScheduled=0)
+    return ds
+
+
+FAILED_CREATE = [
+    {"message": "old cause", "lastTimestamp": "2026-01-01T00:00:01Z"},
+    {
+        "message": 'pods "cola-plugin-" is forbidden: no PriorityClass with name does-not-exist was found',
+        "lastTimestamp": "2026-01-01T00:00:09Z",
+    },
+]
+
+
+def test_pods_not_created_for_a_while_is_degraded_with_the_latest_failed_create_event() -> None:
+    """Not at once (the controller creates pods in a moment), but once the shortfall has lasted: Degraded names the
+    cause from the DaemonSet's latest FailedCreate event, with no event or other write needed to get there."""
+    view = FakeView(config_body(), ds=starved_daemonset())
+    api = FakeApi(view)
+    api.events = FAILED_CREATE
+    reconciler = Reconciler(view, api, OperatorMetrics(), workers=1, pods_not_created_after=0.3)  # type: ignore[arg-type]
+    api.watch = reconciler
+    run_workers(reconciler, lambda: conditions(api).get("Degraded", {}).get("reason") == "PodsNotCreated", timeout=5)
+    first = {c["type"]: c for c in api.statuses[0]["conditions"]}
+    assert first["Degraded"]["reason"] == "AsExpected", "reported before the shortfall had lasted"
+    degraded = conditions(api)["Degraded"]
+    assert degraded["status"] == "True" and degraded["reason"] == "PodsNotCreated", degraded
+    assert degraded["message"] == (
+        '3 plugin pods could not be created: pods "cola-plugin-" is forbidden: no PriorityClass with name '
+        "does-not-exist was found"
+    )
+    (selector,) = api.event_selectors
+    assert "involvedObject.name=cola-plugin" in selector and "involvedObject.uid=ds1" in selector
+    assert "reason=FailedCreate" in selector
+
+
+def test_pods_not_created_without_a_readable_event_points_to_the_events_and_survives_a_restart() -> None:
+    view = FakeView(config_body(), ds=starved_daemonset())
+    api = FakeApi(view)
+    reconciler = Reconciler(view, api, OperatorMetrics(), workers=1, pods_not_created_after=0.05)  # type: ignore[arg-type]
+    api.watch = reconciler
+    run_workers(reconciler, lambda: conditions(api).get("Degraded", {}).get("reason") == "PodsNotCreated", timeout=5)
+    assert "kubectl describe daemonset cola-plugin" in conditions(api)["Degraded"]["message"]
+
+    # A restarted operator (nothing in memory) finds it reported already: it says the same at once, no write.
+    writes = len(api.statuses)
+    restarted = Reconciler(view, api, OperatorMetrics(), workers=1, pods_not_created_after=60)  # type: ignore[arg-type]
+    assert once(restarted) == "unchanged"
+    assert len(api.statuses) == writes
+
+
+def test_a_brief_shortfall_or_one_of_an_older_generation_is_not_degraded() -> None:
+    ds = starved_daemonset()
+    ds["metadata"]["generation"] = 2  # the controller has not observed the new spec yet: its counts are old
+    view = FakeView(config_body(), ds=ds)
+    api = FakeApi(view)
+    reconciler = Reconciler(view, api, OperatorMetrics(), workers=1, pods_not_created_after=0.0)  # type: ignore[arg-type]
+    once(reconciler)
+    assert conditions(api)["Degraded"]["reason"] == "AsExpected"
+    assert api.event_selectors == []
