@@ -120,6 +120,7 @@ class _Applied:
     problem: tuple[str, str] | None = None  # (reason, message) for Degraded: the write failed or was not ours to make
     retry: bool = False
     stale: bool = False  # the DaemonSet changed or went since our cache saw it (409/404): nothing to report
+    refused: str | None = None  # a final refusal of the write: its failure cause, as counted in the metrics
 
     @property
     def failed(self) -> bool:
@@ -184,6 +185,8 @@ class Reconciler:
         self._backoff = _Backoff(retry_base, retry_cap)
         self._retry_timers: dict[ConfigKey, asyncio.TimerHandle] = {}
         self._not_ours_seen: set[ConfigKey] = set()  # last seen: a DaemonSet of the config's name not ours
+        # A refused write: ((render hash, live resourceVersion), failure cause, problem), not re-sent while equal.
+        self._refused: dict[ConfigKey, tuple[tuple[str | None, str | None], str, tuple[str, str]]] = {}
         self._pods_not_created_after = pods_not_created_after
         # Pods missing: (DaemonSet uid, generation) -> since when (monotonic), and the cause read for it.
         self._missing_since: dict[ConfigKey, tuple[tuple[str, int], float]] = {}
@@ -280,6 +283,7 @@ class Reconciler:
             # Deleted: the DaemonSet goes by ownerReference garbage collection, nothing of ours to clean up.
             self.statuses.pop(key, None)
             self._not_ours_seen.discard(key)
+            self._refused.pop(key, None)
             self._forget_missing(key)
             self._ds_echo.forget(key)
             self._status_echo.forget(key)
@@ -404,7 +408,23 @@ class Reconciler:
     async def _apply_daemonset(
         self, key: ConfigKey, uid: str, rendered: dict[str, Any], live: Mapping[str, Any] | None
     ) -> _Applied:
-        """Create or repair the DaemonSet, turning the API server's refusals into a problem to report."""
+        """Create or repair the DaemonSet, turning the API server's refusals into a problem to report. A write that
+        was refused is not sent again while neither our rendering nor the live DaemonSet changed: it would be
+        refused again (the status write and its echo each brought a reconcile, so it went out three times)."""
+        attempt = (render_hash(rendered), _version(live) if live is not None else None)
+        refused = self._refused.get(key)
+        if refused is not None and refused[0] == attempt:
+            self._metrics.failures.labels(refused[1]).inc()
+            return _Applied(live, problem=refused[2])
+        self._refused.pop(key, None)
+        applied = await self._send_daemonset(key, uid, rendered, live)
+        if applied.refused is not None and applied.problem is not None:
+            self._refused[key] = (attempt, applied.refused, applied.problem)
+        return applied
+
+    async def _send_daemonset(
+        self, key: ConfigKey, uid: str, rendered: dict[str, Any], live: Mapping[str, Any] | None
+    ) -> _Applied:
         try:
             if live is None and key in self._not_ours_seen:
                 # Last time a DaemonSet of this name was someone else's: read before writing again, so the retries
@@ -426,7 +446,7 @@ class Reconciler:
                 message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
                 return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
             message = f"the API server refused the DaemonSet: {_api_message(exc)}"
-            return _Applied(live, problem=("DaemonSetRejected", message))
+            return _Applied(live, problem=("DaemonSetRejected", message), refused="api_error")
         except Exception as exc:
             # Anything else raised while building or sending the request. The Kubernetes client checks the body
             # against its models first (pydantic ValidationError); left to reconcile(), such a failure wrote no
@@ -436,13 +456,14 @@ class Reconciler:
                 message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
                 return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
             if isinstance(exc, ValidationError):
-                self._metrics.failures.labels("invalid_spec").inc()
+                cause = "invalid_spec"
                 message = f"the Kubernetes client refused the DaemonSet before sending it: {_client_message(exc)}"
             else:
                 log.error("reconcile %s: writing the DaemonSet failed", key, exc_info=exc)
-                self._metrics.failures.labels("internal").inc()
+                cause = "internal"
                 message = f"the DaemonSet could not be written: {type(exc).__name__}: {exc}"
-            return _Applied(live, problem=("DaemonSetRejected", message))
+            self._metrics.failures.labels(cause).inc()
+            return _Applied(live, problem=("DaemonSetRejected", message), refused=cause)
         return _Applied(written or live, changed=written is not None)
 
     async def _create_daemonset(self, key: ConfigKey, uid: str, rendered: dict[str, Any]) -> _Applied:

@@ -574,7 +574,7 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
 ) -> None:
     """A volume named like the operator's registration volume passes the CRD's schema but the API server refuses the
     DaemonSet (422, duplicate volume name). The old DaemonSet keeps running the previous spec, so the config must
-    not be Ready for its new generation, and the reconcile counts as failed."""
+    not be Ready for its new generation, and the reconcile counts as failed. The refused update is sent once."""
     cluster = operator.cluster
     _, config = ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "rej")
     failed = 'deviceplane_operator_reconcile_total{result="failed"}'
@@ -589,6 +589,17 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     assert ready["status"] == "False" and ready["reason"] == "DaemonSetOutdated", ready
     assert "refused" in ready["message"], ready
     assert operator.metric(failed) > failed_before
+
+    # Sent once: not again for its own status write and that write's echo (past the 5 s echo wait), nor for an
+    # annotation on the config; each re-sent it, to be refused the same way.
+    cluster.kubectl("annotate", "dpc", "rej", "-n", namespace, "e2e/poke=1")
+    time.sleep(7)
+    refused = [
+        e for e in operator.writes()
+        if e["verb"] == "update" and e["objectRef"].get("name") == "rej-plugin"
+        and e["objectRef"].get("namespace") == namespace and e["responseStatus"]["code"] == 422
+    ]  # fmt: skip
+    assert len(refused) == 1, f"the refused update was sent {len(refused)} times"
 
     cluster.apply(config)  # the volume removed again: the DaemonSet matches the config, Ready once more
     wait_for("Ready again", lambda: condition(cluster, namespace, "rej", "Ready").get("status") == "True",

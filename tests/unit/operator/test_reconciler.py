@@ -230,10 +230,13 @@ def test_a_transient_failure_is_reported_while_retrying() -> None:
 
 
 def test_a_4xx_refusal_is_final_until_the_config_changes() -> None:
-    """422 will not pass by itself: one attempt, reported as DaemonSetRejected, no retry however long we wait; a
-    new event (the config changed) makes the next attempt."""
+    """422 will not pass by itself: one attempt, reported as DaemonSetRejected, no retry however long we wait, and
+    not re-sent on events that change neither the rendering nor the DaemonSet (its own status write, an annotation
+    on the config: each brought one more refused create); a spec change makes the next attempt."""
     view = FakeView(config_body())
-    reconciler, api, _ = started(view, [api_error(422, "spec.template: invalid"), api_error(422, "still invalid")])
+    reconciler, api, metrics = started(
+        view, [api_error(422, "spec.template: invalid"), api_error(422, "still invalid")]
+    )
     api.watch = None  # no watch events: only a retry could make another attempt
 
     async def go() -> None:
@@ -241,7 +244,14 @@ def test_a_4xx_refusal_is_final_until_the_config_changes() -> None:
         reconciler.enqueue(KEY)
         await asyncio.sleep(50 * FAST_RETRY)  # several backoff periods
         assert len(api.creates) == 1, "a 4xx refusal was retried"
-        reconciler.seen_config(KEY, "changed-by-someone")  # the config changed: its watch event
+        for i in range(3):  # events that change nothing the DaemonSet is made of
+            reconciler.seen_config(KEY, f"annotated-{i}")
+            reconciler.enqueue(KEY)
+            await asyncio.sleep(5 * FAST_RETRY)
+        assert len(api.creates) == 1, "a refused create was re-sent unchanged"
+        assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="api_error") == 4
+        view.body = config_body(generation=2, image="img:2")  # the config changed: its watch event
+        reconciler.seen_config(KEY, "changed-by-someone")
         reconciler.enqueue(KEY)
         await asyncio.sleep(50 * FAST_RETRY)
         task.cancel()
