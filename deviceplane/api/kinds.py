@@ -107,7 +107,8 @@ DEVICE_PLUGIN_CONFIG = CrdSpec(
             '.status.conditions[?(@.type=="Ready")].reason',
             "string",
             "Why the config is (not) Ready: Available, NoNodes, RollingOut, Pending, DaemonSetMissing, "
-            "DaemonSetOutdated (the DaemonSet does not run the current spec), Paused.",
+            "DaemonSetOutdated (the DaemonSet does not run the current spec), WaitingForPodDeletion (OnDelete), "
+            "Paused.",
         ),
         PrinterColumn(
             "Degraded",

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from deviceplane.api.dpc import MAX_CONFLICT_NODES, ConditionView, ConflictView, DevicePluginConfigStatus
 from deviceplane.operator.conflicts import Conflict
+from deviceplane.operator.names import CONFIG_LABEL
 
 MAX_NAMED_PODS = 3
 # Waiting reasons that mean the pod will not get better by itself (the kubelet's own strings).
@@ -165,6 +166,16 @@ def _rollout(observed: Observed, s: Mapping[str, Any]) -> tuple[Triple, Triple]:
     if updated == desired and available == desired and unavailable == 0:
         msg = f"{available}/{desired} plugin pods available and up to date"
         return ("True", "Available", msg), paused or ("False", "Complete", msg)
+    strategy = _map(_map(ds.get("spec")).get("updateStrategy")).get("type")
+    if strategy == "OnDelete" and updated < desired and scheduled == desired and unavailable == 0:
+        # Nothing more will happen by itself: OnDelete replaces a pod only when it is deleted.
+        old, config = desired - updated, _text(_map(ds.get("metadata")).get("labels", {}).get(CONFIG_LABEL))
+        msg = (
+            f"{_count(old, 'pod')} of {desired} still run{'s' if old == 1 else ''} the previous pod template: with "
+            f"updateStrategy OnDelete a pod is replaced when it is deleted (kubectl delete pod -l "
+            f"{CONFIG_LABEL}={config or '<config>'})"
+        )
+        return ("False", "WaitingForPodDeletion", msg), paused or ("False", "WaitingForPodDeletion", msg)
     parts = [f"{available}/{desired} available", f"{updated}/{desired} up to date"]
     if scheduled < desired:
         parts.append(f"{_count(desired - scheduled, 'pod')} not created (see the DaemonSet's events)")

@@ -569,6 +569,27 @@ def test_removed_false_values_and_added_container_fields_are_reverted_without_fi
     delete_configs(cluster, namespace, "zro")
 
 
+def test_on_delete_says_it_waits_for_pod_deletion(operator: Operator, kwok_nodes, namespace: str) -> None:
+    """With updateStrategy OnDelete a change leaves the pods as they are until deleted: the status says so (it read
+    RollingOut, Progressing True, forever), and deleting the pod completes it."""
+    cluster = operator.cluster
+    _, config = ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "ond", updateStrategy={"type": "OnDelete"})
+    cluster.apply({**config, "spec": {**config["spec"], "args": ["plugin", "sim", "--count", "2"]}})
+    wait_for("Progressing=False/WaitingForPodDeletion",
+             lambda: condition(cluster, namespace, "ond", "Progressing").get("reason") == "WaitingForPodDeletion",
+             procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
+    progressing = condition(cluster, namespace, "ond", "Progressing")
+    assert (
+        progressing["status"] == "False" and "kubectl delete pod -l deviceplane.io/config=ond" in progressing["message"]
+    ), progressing
+    assert condition(cluster, namespace, "ond", "Ready")["reason"] == "WaitingForPodDeletion"
+    cluster.kubectl("delete", "pod", "-n", namespace, "-l", "deviceplane.io/config=ond", "--wait=false")
+    wait_for("Ready once the pod is replaced",
+             lambda: condition(cluster, namespace, "ond", "Ready").get("status") == "True",
+             procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
+    delete_configs(cluster, namespace, "ond")
+
+
 def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     operator: Operator, kwok_nodes, namespace: str
 ) -> None:

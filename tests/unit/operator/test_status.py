@@ -177,3 +177,25 @@ def test_runs_nowhere_reads_the_stored_status_of_the_current_generation() -> Non
     assert not runs_nowhere(config(2, "DaemonSetRejected")), "a new generation is tried again"
     assert not runs_nowhere({"metadata": {"generation": 1}})
     assert not runs_nowhere({"metadata": {}, "status": {"conditions": "junk", "observedGeneration": None}})
+
+
+def test_on_delete_waits_for_pod_deletion_instead_of_rolling_out_forever() -> None:
+    live = ds(
+        2,
+        observedGeneration=2,
+        desiredNumberScheduled=3,
+        currentNumberScheduled=3,
+        updatedNumberScheduled=1,
+        numberAvailable=3,
+        numberReady=3,
+    )
+    live["metadata"]["labels"] = {"deviceplane.io/config": "x"}
+    live["spec"] = {"updateStrategy": {"type": "OnDelete"}}
+    s = compute_status(Observed(2, False, live), None, NOW)
+    progressing, ready = cond(s, "Progressing"), cond(s, "Ready")
+    assert (progressing["status"], progressing["reason"]) == ("False", "WaitingForPodDeletion"), progressing
+    assert (ready["status"], ready["reason"]) == ("False", "WaitingForPodDeletion"), ready
+    assert progressing["message"].startswith("2 pods of 3 still run the previous pod template")
+    assert "kubectl delete pod -l deviceplane.io/config=x" in progressing["message"]
+    live["spec"] = {"updateStrategy": {"type": "RollingUpdate"}}
+    assert cond(compute_status(Observed(2, False, live), None, NOW), "Progressing")["reason"] == "RollingOut"
