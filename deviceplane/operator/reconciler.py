@@ -321,6 +321,7 @@ class Reconciler:
             outdated=None if spec.paused else _outdated(applied, rendered),
             yielded_nodes=len(resolution.excluded),
             pods_not_created=await self._pods_not_created(key, body, applied.live),
+            paused_on_yielded=_not_excluded(applied.live, resolution.excluded) if spec.paused else (),
         )
         status_result = await self._write_status(key, body, observed)
         if applied.failed:
@@ -594,6 +595,14 @@ def _outdated(applied: _Applied, rendered: Mapping[str, Any]) -> str | None:
     if render_hash(applied.live) != render_hash(rendered):
         return "the DaemonSet still runs an older rendering of this config: its update is pending"
     return None
+
+
+def _not_excluded(ds: Mapping[str, Any] | None, excluded: frozenset[str]) -> tuple[str, ...]:
+    """Nodes to exclude that the live DaemonSet's pod template does not keep out."""
+    if ds is None or not excluded:
+        return ()
+    affinity = ((ds.get("spec") or {}).get("template") or {}).get("spec", {}).get("affinity")
+    return tuple(sorted(excluded - set(_excluded(affinity))))
 
 
 def _event_time(event: Mapping[str, Any]) -> str:

@@ -57,6 +57,8 @@ class Observed:
     # Set when the DaemonSet controller has failed to create some pods for a while: the latest FailedCreate event's
     # message, or "" when none could be read.
     pods_not_created: str | None = None
+    # Paused: nodes it yields to older configs that its DaemonSet, left as it was, does not exclude.
+    paused_on_yielded: tuple[str, ...] = ()
 
 
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
@@ -127,7 +129,7 @@ def _conditions(observed: Observed, ds_status: Mapping[str, Any]) -> list[Condit
         "Ready": ready,
         "Progressing": progressing,
         "Degraded": _degraded(observed),
-        "Conflict": _conflict_condition(observed.conflicts),
+        "Conflict": _conflict_condition(observed.conflicts, observed.paused_on_yielded),
     }
     return [
         ConditionView(type=kind, status=status, reason=reason, message=message, observedGeneration=observed.generation)
@@ -219,7 +221,7 @@ _ROLES = {
 }
 
 
-def _conflict_condition(conflicts: Sequence[Conflict]) -> Triple:
+def _conflict_condition(conflicts: Sequence[Conflict], paused_on_yielded: Sequence[str] = ()) -> Triple:
     if not conflicts:
         return ("False", "NoConflict", "")
     parts = []
@@ -227,6 +229,13 @@ def _conflict_condition(conflicts: Sequence[Conflict]) -> Triple:
         shown = ", ".join(c.nodes[:MAX_CONFLICT_NODES]) + (" ..." if len(c.nodes) > MAX_CONFLICT_NODES else "")
         role = _ROLES[(c.owner, c.idle)]
         parts.append(f"{c.other} serves the same resource on {_count(len(c.nodes), 'node')} ({role}): {shown}")
+    if paused_on_yielded:
+        shown = ", ".join(paused_on_yielded[:MAX_CONFLICT_NODES])
+        more = " ..." if len(paused_on_yielded) > MAX_CONFLICT_NODES else ""
+        parts.append(
+            f"this config is paused and its DaemonSet does not exclude {_count(len(paused_on_yielded), 'node')} it "
+            f"yields, so both plugins may serve them until it is unpaused: {shown}{more}"
+        )
     reason = "YieldsNodes" if any(not c.owner for c in conflicts) else "KeepsNodes"
     return ("True", reason, "; ".join(parts))
 

@@ -70,16 +70,18 @@ def api_error(status: int, message: str = "") -> ApiException:
 
 
 class FakeView:
-    """The watch caches: one config, its DaemonSet (None: not in the label-filtered watch), a ConfigMap hash."""
+    """The watch caches: one config, its DaemonSet (None: not in the label-filtered watch), a ConfigMap hash, and
+    other configs (whose DaemonSets are not looked at)."""
 
     def __init__(self, body: dict[str, Any], ds: dict[str, Any] | None = None, cm_hash: str | None = None) -> None:
         self.body, self.ds, self.cm_hash = body, ds, cm_hash
+        self.others: list[dict[str, Any]] = []
 
     def config(self, key: ConfigKey) -> dict[str, Any] | None:
         return self.body
 
     def configs(self) -> list[dict[str, Any]]:
-        return [self.body]
+        return [self.body, *self.others]
 
     def nodes(self) -> list[conflict_rules.NodeInfo]:
         return [conflict_rules.NodeInfo("n1")]
@@ -564,3 +566,21 @@ def test_a_brief_shortfall_or_one_of_an_older_generation_is_not_degraded() -> No
     once(reconciler)
     assert conditions(api)["Degraded"]["reason"] == "AsExpected"
     assert api.event_selectors == []
+
+
+def test_a_paused_config_says_its_daemonset_still_runs_on_nodes_it_now_yields() -> None:
+    """An older config of the same resource now wants n1; this one is paused, so its DaemonSet keeps its old pod
+    template without the exclusion: its Conflict message must say both plugins may serve n1."""
+    view = FakeView(config_body(generation=2, paused=True), ds=live_daemonset())
+    older = config_body()
+    older["metadata"].update(name="older", uid="u0", creationTimestamp="2023-01-01T00:00:00Z")
+    view.others = [older]
+    reconciler, api, _ = started(view)
+    once(reconciler)
+    assert api.replaces == []
+    conflict = conditions(api)["Conflict"]
+    assert conflict["reason"] == "YieldsNodes"
+    assert conflict["message"].endswith(
+        "this config is paused and its DaemonSet does not exclude 1 node it yields, so both plugins may serve them "
+        "until it is unpaused: n1"
+    ), conflict["message"]
