@@ -85,7 +85,10 @@ class CrdSpec:
     categories: Sequence[str] = ()
     printer_columns: Sequence[PrinterColumn] = ()
     spec_required: bool = True
-    root_validations: Sequence[Mapping[str, str]] = ()  # CEL rules on the whole object (e.g. on metadata.name)
+    root_validations: Sequence[Mapping[str, str]] = ()  # CEL rules on the whole object
+    # CEL rules on metadata.name (self: the name): the API server then names the field in its refusal (a rule at the
+    # root printed `<nil>: Invalid value`, and a root rule's fieldPath may not point into metadata).
+    name_validations: Sequence[Mapping[str, str]] = ()
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -204,6 +207,9 @@ def build_crd(spec: CrdSpec) -> JsonSchema:
         "kind": {"type": "string", "description": "The REST resource this object represents."},
         "metadata": {"type": "object"},
     }
+    if spec.name_validations:
+        name = {"type": "string", "x-kubernetes-validations": [dict(rule) for rule in spec.name_validations]}
+        properties["metadata"] = {"type": "object", "properties": {"name": name}}
     if spec.spec_model is not None:
         properties["spec"] = structural_schema(spec.spec_model, mode="validation")
     if spec.status_model is not None:

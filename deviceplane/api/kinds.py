@@ -81,9 +81,9 @@ DEVICE_PLUGIN_CONFIG = CrdSpec(
     description="A device plugin to run as a DaemonSet in this namespace; deviceplane's operator renders it, "
     "reports the rollout and resolves two configs serving one resource on the same node.",
     short_names=("dpc",),
-    root_validations=(
+    name_validations=(
         {
-            "rule": f"self.metadata.name.size() <= {dpc.MAX_NAME_LENGTH}",
+            "rule": f"self.size() <= {dpc.MAX_NAME_LENGTH}",
             "message": f"a DevicePluginConfig name must be at most {dpc.MAX_NAME_LENGTH} characters "
             "(its DaemonSet is <name>-plugin)",
         },

@@ -145,6 +145,10 @@ def _rollout(observed: Observed, s: Mapping[str, Any]) -> tuple[Triple, Triple]:
     if ds is None:
         if observed.paused:
             return ("False", "Paused", "paused before its DaemonSet was created"), ("False", "Paused", "paused")
+        if observed.problem is not None and observed.problem[0] in _NOT_CREATED_REASONS:
+            # Refused, or the name is taken: nothing is being created (it read Progressing True/Creating).
+            msg = "the DaemonSet could not be created (see the Degraded condition)"
+            return ("False", "DaemonSetMissing", msg), ("False", "DaemonSetNotCreated", msg)
         return ("False", "DaemonSetMissing", "the DaemonSet does not exist yet"), (
             "True",
             "Creating",

@@ -206,6 +206,15 @@ def test_invalid_objects_are_refused_with_a_clear_message(
     assert installed.kubectl("get", "dpc", "-n", namespace, "-o", "name").strip() == ""
 
 
+def test_a_name_too_long_is_refused_naming_the_field(installed: Cluster, namespace: str) -> None:
+    body = dpc("n" * 57, namespace, "example.com/ok")
+    with pytest.raises(KubectlError) as err:
+        installed.apply(body)
+    stderr = err.value.stderr
+    assert f'metadata.name: Invalid value: "{"n" * 57}": a DevicePluginConfig name must be at most 56' in stderr, stderr
+    assert "<nil>" not in stderr, stderr
+
+
 # ---- rollouts, drift, relabelling, garbage collection ----------------------------------------------------------
 
 

@@ -199,3 +199,14 @@ def test_on_delete_waits_for_pod_deletion_instead_of_rolling_out_forever() -> No
     assert "kubectl delete pod -l deviceplane.io/config=x" in progressing["message"]
     live["spec"] = {"updateStrategy": {"type": "RollingUpdate"}}
     assert cond(compute_status(Observed(2, False, live), None, NOW), "Progressing")["reason"] == "RollingOut"
+
+
+def test_a_daemonset_that_could_not_be_created_is_not_progressing() -> None:
+    refused = compute_status(Observed(1, False, None, problem=("DaemonSetRejected", "refused: x")), None, NOW)
+    assert (cond(refused, "Progressing")["status"], cond(refused, "Progressing")["reason"]) == (
+        "False",
+        "DaemonSetNotCreated",
+    )
+    assert cond(refused, "Ready")["message"] == "the DaemonSet could not be created (see the Degraded condition)"
+    retrying = compute_status(Observed(1, False, None, problem=("DaemonSetWriteFailed", "503: retrying")), None, NOW)
+    assert cond(retrying, "Progressing")["reason"] == "Creating", "a transient failure is retried: still creating"
