@@ -501,18 +501,7 @@ def test_hand_added_pod_spec_fields_are_reverted_and_defaults_cause_no_update(
     wait_for("the operator to remove the hand-added pod-spec fields", reverted, procs=[operator.proc], timeout=15)
     wait_ready(cluster, operator, namespace, "aff", {node})
 
-    reconciles, updates = (
-        "deviceplane_operator_reconcile_total",
-        'deviceplane_operator_writes_total{kind="daemonset_update"}',
-    )
-    time.sleep(6)  # past the reconciler's echo wait: from here on every reconcile compares the settled object
-    before_reconciles, before_updates = operator.metric(reconciles), operator.metric(updates)
-    for i in range(3):  # an annotation on the config: a watch event, so a reconcile, and no spec change
-        cluster.kubectl("annotate", "dpc", "aff", "-n", namespace, f"e2e/poke={i}", "--overwrite")
-        done = before_reconciles + i + 1
-        wait_for(f"reconcile {i + 1} of the unchanged config", lambda done=done: operator.metric(reconciles) >= done,
-                 procs=[operator.proc], timeout=30)  # fmt: skip
-    assert operator.metric(updates) == before_updates, "an unchanged config's DaemonSet was updated"
+    assert_unchanged_reconciles_send_no_update(operator, namespace, "aff")
     delete_configs(cluster, namespace, "aff")
 
 
@@ -563,18 +552,7 @@ def test_removed_false_values_and_added_container_fields_are_reverted_without_fi
     assert cluster.get_json("daemonset", "zro-plugin", "-n", namespace)["metadata"]["generation"] >= generation + 2
     wait_ready(cluster, operator, namespace, "zro", {node})
 
-    reconciles, updates = (
-        "deviceplane_operator_reconcile_total",
-        'deviceplane_operator_writes_total{kind="daemonset_update"}',
-    )
-    time.sleep(6)  # past the reconciler's echo wait: from here on every reconcile compares the settled object
-    before_reconciles, before_updates = operator.metric(reconciles), operator.metric(updates)
-    for i in range(3):  # an annotation on the config: a watch event, so a reconcile, and no spec change
-        cluster.kubectl("annotate", "dpc", "zro", "-n", namespace, f"e2e/poke={i}", "--overwrite")
-        done = before_reconciles + i + 1
-        wait_for(f"reconcile {i + 1} of the unchanged config", lambda done=done: operator.metric(reconciles) >= done,
-                 procs=[operator.proc], timeout=30)  # fmt: skip
-    assert operator.metric(updates) == before_updates, "an unchanged config's DaemonSet was updated"
+    assert_unchanged_reconciles_send_no_update(operator, namespace, "zro")
     delete_configs(cluster, namespace, "zro")
 
 
@@ -972,3 +950,20 @@ def test_peering_the_higher_priority_replica_works_and_hands_back(
     finally:
         for peer in started:
             peer.stop()
+
+
+def assert_unchanged_reconciles_send_no_update(operator: Operator, namespace: str, name: str) -> None:
+    """Three reconciles of the unchanged config (an annotation each: a watch event, no spec change) send no DaemonSet
+    update: the API server's defaults are not drift."""
+    reconciles, updates = (
+        "deviceplane_operator_reconcile_total",
+        'deviceplane_operator_writes_total{kind="daemonset_update"}',
+    )
+    time.sleep(6)  # past the reconciler's echo wait: from here on every reconcile compares the settled object
+    before_reconciles, before_updates = operator.metric(reconciles), operator.metric(updates)
+    for i in range(3):
+        operator.cluster.kubectl("annotate", "dpc", name, "-n", namespace, f"e2e/poke={i}", "--overwrite")
+        done = before_reconciles + i + 1
+        wait_for(f"reconcile {i + 1} of the unchanged config", lambda done=done: operator.metric(reconciles) >= done,
+                 procs=[operator.proc], timeout=30)  # fmt: skip
+    assert operator.metric(updates) == before_updates, "an unchanged config's DaemonSet was updated"
