@@ -12,7 +12,7 @@ import ssl
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -337,3 +337,24 @@ def http_json(url: str, *, method: str = "GET", body: Any = None, timeout: float
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read().decode() or "null")
+
+
+# On in OpenShift and in hardened clusters: changing an existing object's ownerReferences needs `delete` on it.
+ENFORCE_OWNER_REFERENCES = "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
+
+
+def serve_cluster(
+    k8s_bin: Path, directory: Path, procs: Procs, apiserver_args: Sequence[str] = ()
+) -> Iterator[Cluster]:
+    """For a fixture (`yield from`): a control plane, its service accounts' writes audited, stopped afterwards (also
+    when its start fails half-way)."""
+    started = Cluster(
+        k8s_bin, directory, procs, audit_policy=AUDIT_SERVICE_ACCOUNT_WRITES, apiserver_args=apiserver_args
+    )
+    try:
+        started.start()
+    except BaseException:
+        started.stop()
+        raise
+    yield started
+    started.stop()

@@ -39,7 +39,6 @@ from .agent_cluster import (
     token_kubeconfig,
 )
 from .cluster import (
-    AUDIT_SERVICE_ACCOUNT_WRITES,
     CONTROL_PLANE_BINARIES,
     REPO,
     Cluster,
@@ -48,6 +47,7 @@ from .cluster import (
     http_ok,
     missing_binaries,
     probe_ok,
+    serve_cluster,
 )
 from .procs import Proc, Procs, wait_for
 
@@ -108,14 +108,7 @@ def _session_process_check(procs: Procs) -> Iterator[None]:
 
 @pytest.fixture(scope="package")
 def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(k8s_bin, tmp_path_factory.mktemp("cluster"), procs, audit_policy=AUDIT_SERVICE_ACCOUNT_WRITES)
-    try:
-        c.start()
-    except BaseException:
-        c.stop()
-        raise
-    yield c
-    c.stop()
+    yield from serve_cluster(k8s_bin, tmp_path_factory.mktemp("cluster"), procs)
 
 
 @pytest.fixture

@@ -19,11 +19,10 @@ from pathlib import Path
 import pytest
 
 from .agent_cluster import NAMESPACE, SERVICE_ACCOUNT, api, bound_token, daemonset_pod, node_devices
-from .cluster import AUDIT_SERVICE_ACCOUNT_WRITES, Cluster
+from .cluster import ENFORCE_OWNER_REFERENCES, Cluster, serve_cluster
 from .procs import Procs, wait_for
 from .test_proxy import start_sim
 
-ENFORCE = "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
 ND = "/apis/deviceplane.io/v1alpha1/nodedevices"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 MERGE = "application/merge-patch+json"
@@ -31,20 +30,8 @@ MERGE = "application/merge-patch+json"
 
 @pytest.fixture(scope="module")
 def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(
-        k8s_bin,
-        tmp_path_factory.mktemp("cluster-agent-ownerrefs"),
-        procs,
-        audit_policy=AUDIT_SERVICE_ACCOUNT_WRITES,
-        apiserver_args=(ENFORCE,),
-    )
-    try:
-        c.start()
-    except BaseException:
-        c.stop()
-        raise
-    yield c
-    c.stop()
+    directory = tmp_path_factory.mktemp("cluster-agent-ownerrefs")
+    yield from serve_cluster(k8s_bin, directory, procs, (ENFORCE_OWNER_REFERENCES,))
 
 
 def owners(cluster: Cluster, node: str) -> list[dict[str, str]]:

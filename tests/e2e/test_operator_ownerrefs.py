@@ -16,32 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import AUDIT_SERVICE_ACCOUNT_WRITES, Cluster
+from .cluster import ENFORCE_OWNER_REFERENCES, Cluster, serve_cluster
 from .operator_proc import Operator
 from .procs import Procs, wait_for
 from .test_operator import condition, delete_configs, installed, operator, ready_on_a_node_of_its_own
 
 __all__ = ["installed", "operator"]  # fixtures, re-used on this module's cluster
 
-ENFORCE = "--enable-admission-plugins=OwnerReferencesPermissionEnforcement"
-
 
 @pytest.fixture(scope="module")
 def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(
-        k8s_bin,
-        tmp_path_factory.mktemp("cluster-ownerrefs"),
-        procs,
-        audit_policy=AUDIT_SERVICE_ACCOUNT_WRITES,
-        apiserver_args=(ENFORCE,),
-    )
-    try:
-        c.start()
-    except BaseException:
-        c.stop()
-        raise
-    yield c
-    c.stop()
+    yield from serve_cluster(k8s_bin, tmp_path_factory.mktemp("cluster-ownerrefs"), procs, (ENFORCE_OWNER_REFERENCES,))
 
 
 def owners(cluster: Cluster, namespace: str, name: str) -> list[dict[str, str]]:
