@@ -1,5 +1,6 @@
 """The operator on a kube-apiserver with the OwnerReferencesPermissionEnforcement admission plugin (on in OpenShift
-and in hardened clusters; off in the package's shared control plane, whose other users are not ready for it): to
+and in hardened clusters; off in the package's shared control plane, so the other tests show they do not depend on
+it; the agent's own case is test_agent_ownerrefs.py): to
 change an ownerReference on an existing object, the writer needs `delete` on it. Without that in the operator's
 RBAC, restoring a hand-removed ownerReference and adopting a DaemonSet left by `kubectl delete --cascade=orphan`
 were refused (403 "cannot set an ownerRef on a resource you can't delete"), and the orphan was never collected.
