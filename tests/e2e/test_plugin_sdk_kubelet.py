@@ -244,17 +244,20 @@ def test_the_longest_resource_name_is_served_in_a_directory_as_long_as_the_kubel
     `<resource>-<pid>-<token>.sock` did not fit for resources over ~53 characters, and the plugin refused to start."""
     assert len(LONGEST_RESOURCE) == 308
     directory = dir_of_length(31)()
+    started: list[Proc] = []  # stopped at the end: the package's Procs also runs the shared control plane
     try:
         assert len(str(directory) + "/") == len("/var/lib/kubelet/device-plugins/") == 32
         h = kubelet_harness(directory)
+        started.append(h.proc)
         sim = start_plugin(procs, "sim-long", "sim", "--plugin-dir", str(directory), "--resource", LONGEST_RESOURCE,
                            "--count", "2", "--numa", "0")  # fmt: skip
+        started.append(sim)
         wait_for("the long-named resource", lambda: counts(h, LONGEST_RESOURCE) == (2, 2), procs=[h.proc, sim])
         (socket,) = [p for p in directory.iterdir() if p.name != "kubelet.sock" and p.is_socket()]
         assert len(os.fsencode(socket)) <= 107 and socket.name.startswith("a" * 40)
         res = h.admit(pod("long", app={LONGEST_RESOURCE: 2}))
         assert res["admitted"], res
     finally:
-        for p in list(procs.procs):
+        for p in reversed(started):  # the plugin, then the harness (its directory is removed next)
             procs.stop(p)
         shutil.rmtree(directory, ignore_errors=True)
