@@ -353,19 +353,7 @@ def test_degraded_names_the_failing_pod_and_the_cause(operator: Operator, kwok_n
     assert node
 
     # A DaemonSet of the config's name that someone else made is left alone, and the status says so.
-    foreign = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "taken-plugin", "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": "foreign"}},
-            "template": {
-                "metadata": {"labels": {"app": "foreign"}},
-                "spec": {"nodeSelector": {"none": "none"}, "containers": [{"name": "c", "image": "foreign:1"}]},
-            },
-        },
-    }
-    cluster.apply(foreign)
+    cluster.apply(foreign_daemonset("taken-plugin", namespace))
     cluster.apply(dpc("taken", namespace, f"example.com/taken-{t}"))
     wait_for(
         "Degraded=DaemonSetNotOurs",
@@ -388,19 +376,7 @@ def test_deleting_the_foreign_daemonset_lets_the_operator_create_its_own(
     t = tag()
     label = f"e2e-mine-{t}"
     (node,) = kwok_nodes(1, prefix="mine", labels={label: "yes"}, taints=[])
-    foreign = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": {"name": "mine-plugin", "namespace": namespace},
-        "spec": {
-            "selector": {"matchLabels": {"app": "foreign"}},
-            "template": {
-                "metadata": {"labels": {"app": "foreign"}},
-                "spec": {"nodeSelector": {"none": "none"}, "containers": [{"name": "c", "image": "foreign:1"}]},
-            },
-        },
-    }
-    cluster.apply(foreign)
+    cluster.apply(foreign_daemonset("mine-plugin", namespace))
     cluster.apply(dpc("mine", namespace, f"example.com/mine-{t}", nodeSelector={label: "yes"}))
     wait_for("Degraded=DaemonSetNotOurs",
              lambda: condition(cluster, namespace, "mine", "Degraded").get("reason") == "DaemonSetNotOurs",
@@ -967,3 +943,19 @@ def assert_unchanged_reconciles_send_no_update(operator: Operator, namespace: st
         wait_for(f"reconcile {i + 1} of the unchanged config", lambda done=done: operator.metric(reconciles) >= done,
                  procs=[operator.proc], timeout=30)  # fmt: skip
     assert operator.metric(updates) == before_updates, "an unchanged config's DaemonSet was updated"
+
+
+def foreign_daemonset(name: str, namespace: str) -> dict[str, Any]:
+    """A DaemonSet of a config's name that someone else made (no labels of ours), running nowhere."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "foreign"}},
+            "template": {
+                "metadata": {"labels": {"app": "foreign"}},
+                "spec": {"nodeSelector": {"none": "none"}, "containers": [{"name": "c", "image": "foreign:1"}]},
+            },
+        },
+    }
