@@ -439,30 +439,17 @@ class Reconciler:
                 return self._not_ours(key)  # e.g. left by a deleted config of the same name, until it is collected
             self._not_ours_seen.discard(key)
             written = await self._update_daemonset(key, rendered, live)
-        except ApiException as exc:
-            if exc.status in (404, 409):
-                return _Applied(live, stale=True)
-            self._metrics.failures.labels("api_error").inc()
-            if is_transient(exc):
-                message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
-                return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
-            message = f"the API server refused the DaemonSet: {_api_message(exc)}"
-            return _Applied(live, problem=("DaemonSetRejected", message), refused="api_error")
         except Exception as exc:
-            # Anything else raised while building or sending the request. The Kubernetes client checks the body
-            # against its models first (pydantic ValidationError); left to reconcile(), such a failure wrote no
-            # status, so a config whose DaemonSet could not be sent kept reading Available.
+            # The API server's answers, and anything raised while building or sending the request: the Kubernetes
+            # client checks the body against its models first (pydantic ValidationError); left to reconcile(), such
+            # a failure wrote no status, so a config whose DaemonSet could not be sent kept reading Available.
+            if isinstance(exc, ApiException) and exc.status in (404, 409):
+                return _Applied(live, stale=True)
             if is_transient(exc):
                 self._metrics.failures.labels("api_error").inc()
                 message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
                 return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
-            if isinstance(exc, ValidationError):
-                cause = "invalid_spec"
-                message = f"the Kubernetes client refused the DaemonSet before sending it: {_client_message(exc)}"
-            else:
-                log.error("reconcile %s: writing the DaemonSet failed", key, exc_info=exc)
-                cause = "internal"
-                message = f"the DaemonSet could not be written: {type(exc).__name__}: {exc}"
+            cause, message = _refusal(key, exc)
             self._metrics.failures.labels(cause).inc()
             return _Applied(live, problem=("DaemonSetRejected", message), refused=cause)
         return _Applied(written or live, changed=written is not None)
@@ -634,19 +621,35 @@ def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:
     return [v for t in terms.get("nodeSelectorTerms", []) for f in t.get("matchFields", []) for v in f["values"]]
 
 
-def _validation_message(exc: ValidationError) -> str:
-    parts = [f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3]]
-    return "; ".join(parts)
+def _refusal(key: ConfigKey, exc: Exception) -> tuple[str, str]:
+    """The failure cause (metric label) and the status message of a DaemonSet write that failed for good."""
+    if isinstance(exc, ApiException):
+        return "api_error", f"the API server refused the DaemonSet: {_api_message(exc)}"
+    if isinstance(exc, ValidationError):
+        return "invalid_spec", f"the Kubernetes client refused the DaemonSet before sending it: {_client_message(exc)}"
+    log.error("reconcile %s: writing the DaemonSet failed", key, exc_info=exc)
+    return "internal", f"the DaemonSet could not be written: {type(exc).__name__}: {exc}"
 
 
-def _client_message(exc: ValidationError) -> str:
-    """The client's own complaint, with paths into the DaemonSet (its first location is the argument's position)."""
+def _errors_message(exc: ValidationError, prefix: str = "", skip_argument: bool = False) -> str:
+    """pydantic's first three complaints as `path: message`; `skip_argument`: the first location is the position of
+    the argument the client checked, not part of the path."""
     parts = []
     for e in exc.errors()[:3]:
         loc = [str(p) for p in e["loc"]]
-        path = ".".join(loc[1:] if loc and loc[0].isdigit() else loc)
-        parts.append(f"{path}: {e['msg']}")
+        if skip_argument and loc and loc[0].isdigit():
+            loc = loc[1:]
+        parts.append(f"{prefix}{'.'.join(loc)}: {e['msg']}")
     return "; ".join(parts)
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return _errors_message(exc, prefix="spec.")
+
+
+def _client_message(exc: ValidationError) -> str:
+    """The client's own complaint, with paths into the DaemonSet."""
+    return _errors_message(exc, skip_argument=True)
 
 
 def _describe(exc: BaseException) -> str:
