@@ -74,8 +74,9 @@ def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
 
 ECHO_TIMEOUT = 5.0  # seconds to wait for the watch to show our own write before trusting the cache again
 # Seconds the DaemonSet may have fewer pods than it wants, at its current generation, before Degraded says
-# PodsNotCreated: the controller creates pods within a second or two, also on a loaded cluster; what lasts longer
-# (a missing PriorityClass, an exhausted quota, an admission webhook refusing them) will not pass by itself.
+# PodsNotCreated: far more than the controller takes to create pods that it can create (not measured here; a
+# generous margin), while what stops it (a missing PriorityClass, an exhausted quota, an admission webhook refusing
+# them) will not pass by itself.
 PODS_NOT_CREATED_AFTER = 30.0
 RETRY_BASE = 0.5  # seconds before the first retry after a transient failure; doubled per failure in a row
 RETRY_CAP = 60.0  # seconds: the longest wait between retries

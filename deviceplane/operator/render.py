@@ -162,9 +162,9 @@ def _pod_spec(spec: DevicePluginConfigSpec, excluded_nodes: list[str]) -> dict[s
     if spec.imagePullSecrets:
         pod["imagePullSecrets"] = [s.model_dump() for s in spec.imagePullSecrets]
     if excluded_nodes:
-        terms = _exclude_nodes([{}], excluded_nodes)
+        term = _excluding_term(excluded_nodes)
         pod["affinity"] = {
-            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
         }
     return pod
 
@@ -177,12 +177,11 @@ def _env_var(var: dpc.EnvVar) -> dict[str, Any]:
     return out
 
 
-def _exclude_nodes(terms: list[dict[str, Any]], nodes: list[str]) -> list[dict[str, Any]]:
-    """Keep `nodes` out of every node selector term (terms are ORed, so each one must exclude them).
+def _excluding_term(nodes: list[str]) -> dict[str, Any]:
+    """The one node selector term keeping `nodes` out.
 
     matchFields on metadata.name names nodes exactly (the hostname label need not equal the name), but the API
     server takes only one value per metadata.name requirement, so each node gets its own NotIn requirement; the
     requirements of a term are ANDed.
     """
-    not_in = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]
-    return [{**t, "matchFields": [*t.get("matchFields", []), *not_in]} for t in terms]
+    return {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in nodes]}

@@ -225,20 +225,23 @@ _ROLES = {
 }
 
 
+def _nodes_shown(nodes: Sequence[str]) -> str:
+    return ", ".join(nodes[:MAX_CONFLICT_NODES]) + (" ..." if len(nodes) > MAX_CONFLICT_NODES else "")
+
+
 def _conflict_condition(conflicts: Sequence[Conflict], paused_on_yielded: Sequence[str] = ()) -> Triple:
     if not conflicts:
         return ("False", "NoConflict", "")
     parts = []
     for c in conflicts:
-        shown = ", ".join(c.nodes[:MAX_CONFLICT_NODES]) + (" ..." if len(c.nodes) > MAX_CONFLICT_NODES else "")
         role = _ROLES[(c.owner, c.idle)]
-        parts.append(f"{c.other} serves the same resource on {_count(len(c.nodes), 'node')} ({role}): {shown}")
+        parts.append(
+            f"{c.other} serves the same resource on {_count(len(c.nodes), 'node')} ({role}): {_nodes_shown(c.nodes)}"
+        )
     if paused_on_yielded:
-        shown = ", ".join(paused_on_yielded[:MAX_CONFLICT_NODES])
-        more = " ..." if len(paused_on_yielded) > MAX_CONFLICT_NODES else ""
         parts.append(
             f"this config is paused and its DaemonSet does not exclude {_count(len(paused_on_yielded), 'node')} it "
-            f"yields, so both plugins may serve them until it is unpaused: {shown}{more}"
+            f"yields, so both plugins may serve them until it is unpaused: {_nodes_shown(paused_on_yielded)}"
         )
     reason = "YieldsNodes" if any(not c.owner for c in conflicts) else "KeepsNodes"
     return ("True", reason, "; ".join(parts))

@@ -10,7 +10,7 @@ import yaml
 
 from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.operator import names
-from deviceplane.operator.render import SECURE_DEFAULT, _exclude_nodes, configmap_hash, render_daemonset
+from deviceplane.operator.render import SECURE_DEFAULT, configmap_hash, render_daemonset
 
 from .helpers import EXAMPLES, GOLDEN, load_example, owner, spec
 
@@ -102,12 +102,3 @@ def test_excluded_nodes_become_a_sorted_not_in_affinity_and_the_hash_is_stable()
         }
     ]
     assert a != render_daemonset(owner("x"), spec())
-
-
-def test_every_node_selector_term_excludes_every_yielded_node() -> None:
-    """Terms are ORed: a term without the exclusions would let the pod onto the yielded nodes."""
-    terms = [{"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {}]
-    out = _exclude_nodes(terms, ["n1", "n2"])
-    not_in = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in ("n1", "n2")]
-    assert out == [{**terms[0], "matchFields": not_in}, {"matchFields": not_in}]
-    assert terms[1] == {}, "the input terms are not changed"
