@@ -42,7 +42,7 @@ def check_resource_name(name: str) -> None:
 # SHA-256: still readable in `ls`, still one name per resource ("~" occurs in no resource name, so a shortened name
 # cannot equal another resource's full one), and it fits.
 KUBELET_DIR_BYTES = len(DEVICE_PLUGIN_PATH.rstrip("/") + "/")
-_SUFFIX_MAX_BYTES = len("-4194304-01234567.sock")
+_SUFFIX_MAX_BYTES = len(f"-{2**22}-") + 2 * _TOKEN_BYTES + len(".sock")  # "-<pid>-<token hex>.sock"
 MAX_RESOURCE_PART = MAX_SOCKET_PATH - KUBELET_DIR_BYTES - _SUFFIX_MAX_BYTES
 _DIGEST_CHARS = 8
 

@@ -310,14 +310,8 @@ class DevicePlugin:
             if self._server is None or self._serving is None or current != self._serving:
                 if self._server is not None:
                     self._log_socket_lost(current)
-                    await self._stop_server()  # leaves another process's socket alone
-                try:
-                    self._prepare_directory(self.socket_path.parent)  # it may have been removed with the socket
-                    await self._start_server()
-                except PluginError as err:  # not fatal: the next change or tick retries
-                    log.error("%s: cannot serve again: %s", self.resource, err)
+                if not await self._serve_anew():
                     return
-                self._registered_with = None
                 self._need_register.set()
         if self.registry_dir is not None:
             return
@@ -371,11 +365,21 @@ class DevicePlugin:
             else:
                 # The plugin watcher registers a socket when it appears: a new one at the same path.
                 async with self._serve_lock:
-                    await self._stop_server()
-                    try:
-                        await self._start_server()
-                    except PluginError as err:  # the watch's next check serves again
-                        log.error("%s: cannot serve again: %s", self.resource, err)
+                    await self._serve_anew()
+
+    async def _serve_anew(self) -> bool:
+        """Under `_serve_lock`: stop serving (another process's socket at the path is left alone) and serve again
+        at the path; False when that cannot be done now (not fatal: the watch's next change or tick retries)."""
+        if self._server is not None:
+            await self._stop_server()
+        try:
+            self._prepare_directory(self.socket_path.parent)  # it may have been removed with the socket
+            await self._start_server()
+        except PluginError as err:
+            log.error("%s: cannot serve again: %s", self.resource, err)
+            return False
+        self._registered_with = None
+        return True
 
     async def _register_loop(self) -> None:
         try:

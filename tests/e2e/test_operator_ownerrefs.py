@@ -35,9 +35,7 @@ def owners(cluster: Cluster, namespace: str, name: str) -> list[dict[str, str]]:
     return list(ds["metadata"].get("ownerReferences") or [])
 
 
-def test_a_removed_owner_reference_is_restored_under_the_plugin(
-    operator: Operator, kwok_nodes, namespace: str
-) -> None:
+def test_a_removed_owner_reference_is_restored_under_the_plugin(operator: Operator, kwok_nodes, namespace: str) -> None:
     cluster = operator.cluster
     ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "own")
     (ref,) = owners(cluster, namespace, "own-plugin")
