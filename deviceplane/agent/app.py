@@ -23,11 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from deviceplane.agent.admission.admitter import (
-    STARTUP_PLUGIN_WAIT_SECONDS,
     AdmissionParts,
     AdmissionSettings,
     Admitter,
-    DeviceChanges,
 )
 from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, PluginCalls
 from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory
@@ -44,7 +42,7 @@ from deviceplane.agent.plugins.plugin_client import PluginClient
 from deviceplane.agent.plugins.plugin_watcher import PluginWatcher
 from deviceplane.agent.plugins.registration import RegistrationServicer, cleanup_plugin_dir
 from deviceplane.agent.plugins.registration_server import RegistrationServer
-from deviceplane.agent.plugins.restored import RestoredPlugins
+from deviceplane.agent.plugins.startup_wait import STARTUP_PLUGIN_WAIT_SECONDS, StartupPluginWait
 from deviceplane.agent.proxy.mode import ProxyMode
 from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.serving.api_views import ApiViews
@@ -146,8 +144,8 @@ class Agent:
         self.supervisor = Supervisor(self.metrics.prometheus)
         # A thread that reports a blocked event loop, which /readyz and /metrics (served by that loop) cannot.
         self.loop_watchdog = loop_watchdog(config.loop_stall_seconds, self.metrics.prometheus, WATCHDOG_PREFIX)
-        # The restored resources until their plugins are back: what NodeDevices' first write waits for.
-        self.restored_plugins = RestoredPlugins(self.registry, config.startup_plugin_wait)
+        # Right after start, admissions and the first NodeDevices write wait for plugins to come back.
+        self.plugins_back = StartupPluginWait(self.registry, config.startup_plugin_wait)
         self.views = ApiViews(
             self.registry,
             self.pods,
@@ -188,9 +186,8 @@ class Agent:
         self.allocation_store = AllocationStore(self.pod_devices, journal, content, checkpoint)
 
         # -- plugin side ------------------------------------------------------------------------------------------
-        device_changes = DeviceChanges()
         # extension point: device listeners (a Node/NodeDevices publisher is constructed above and added here)
-        listeners: list[DeviceListener] = [self.metrics.on_device_event, device_changes, self.restored_plugins]
+        listeners: list[DeviceListener] = [self.metrics.on_device_event, self.plugins_back]
         connector: PluginConnector = PluginClient
         self.proxy: ProxyMode | None = None
         if config.kubelet_dir is not None and self.ownership is not None:
@@ -220,16 +217,15 @@ class Agent:
             table=self.pods,
             pod_devices=self.pod_devices,
             allocator=Allocator(self.registry, self.pod_devices),
-            registry=self.registry,
             store=self.allocation_store,
             plugins=PluginCalls(self.manager, self.metrics, config.allocate_timeout),
-            device_changes=device_changes,
+            plugins_back=self.plugins_back,
             metrics=self.metrics,
             failure_listeners=(self.cluster.events.failed,) if self.cluster and self.cluster.events else (),
             busy_poll=busy_poll,
         )
         self.metrics.prometheus.register(busy_poll_seconds(lambda: busy_poll.polled_seconds))
-        settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)), config.startup_plugin_wait)
+        settings = AdmissionSettings(config.topology_policy, tuple(sorted(numa)))
         admitter = Admitter(parts, settings)
         self.admission = AdmissionRunner(self.pods, self.pod_devices, self.allocation_store, admitter)
         # extension point: pod sources (an API-server pod watch is appended here)
@@ -314,7 +310,7 @@ class Agent:
             allocations=(lambda: ownership.generation) if ownership else (lambda: self.pod_devices.generation),
             # Proxy mode: not before the kubelet's owners are listed (agent mode restores its own at start).
             owners_known=ownership.listed.wait if ownership else None,
-            plugins_back=self.restored_plugins,
+            plugins_back=self.plugins_back,
             record=published[NODEDEVICES],
             debounce=config.nodedevices_debounce,
             max_devices=config.nodedevices_max_devices,
@@ -382,7 +378,7 @@ class Agent:
         if removed:
             log.info("removed stale sockets", extra={"sockets": removed})
         registered = (restored.RegisteredDevices if restored is not None else None) or {}
-        self.restored_plugins.restored({*registered, *self.pod_devices.devices()})
+        self.plugins_back.restored({*registered, *self.pod_devices.devices()})
 
         await self.registration.start()
         await self._http.start(self.config.http_addr)
@@ -391,7 +387,7 @@ class Agent:
             # Plugins already in the registry dir are found before admission starts.
             self.supervisor.add("plugin-watcher", self._run_watcher)
             await self._watcher_ready.wait()
-        self.restored_plugins.start()  # from here, as admission's wait for plugins (admission.start below)
+        self.plugins_back.start()  # the startup plugin wait counts from here
         if self.proxy is None:  # in proxy mode the kubelet admits pods and serves PodResources
             self.admission.start()
             self._admitting = True

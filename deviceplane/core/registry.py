@@ -362,14 +362,9 @@ class DeviceRegistry:
     def healthy_ids(self, resource: str) -> set[str]:
         return set(self.healthy(resource))
 
-    def plugin_ready(self, resource: str) -> bool:
-        """A plugin is connected and has reported devices."""
-        state = self._resources.get(resource)
-        return state is not None and state.connected and bool(state.all_devices)
-
     def plugin_listed(self, resource: str) -> bool:
         """A plugin is connected and the devices shown are its list (its first ListAndWatch message came, even an
-        empty one): what a restarted agent waits for before it publishes a restored resource."""
+        empty one): a plugin back after a restart, what the startup plugin wait waits for."""
         state = self._resources.get(resource)
         return state is not None and state.connected and state.primary is not None and state.primary.listed
 

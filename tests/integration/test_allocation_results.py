@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from deviceplane.agent.admission.admitter import AdmissionParts, AdmissionSettings, Admitter, DeviceChanges
+from deviceplane.agent.admission.admitter import AdmissionParts, AdmissionSettings, Admitter
 from deviceplane.agent.admission.plugin_calls import PluginCalls
 from deviceplane.agent.plugins.contracts import PluginRpc
+from deviceplane.agent.plugins.startup_wait import StartupPluginWait
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.checkpoint_writer import CheckpointWriter
 from deviceplane.agent.state.durability import AllocationStore, CheckpointContent
@@ -167,8 +168,8 @@ async def test_internal_error_is_counted_without_resource(tmp_path: Path) -> Non
     metrics = AgentMetrics(registry, "node", pod_devices.allocated_count)
     table = PodTable()
     parts = AdmissionParts(
-        table, pod_devices, Allocator(registry, pod_devices), registry, store,
-        PluginCalls(BrokenLookup(), metrics), DeviceChanges(), metrics,
+        table, pod_devices, Allocator(registry, pod_devices), store,
+        PluginCalls(BrokenLookup(), metrics), StartupPluginWait(registry), metrics,
     )  # fmt: skip
     admitter = Admitter(parts, AdmissionSettings())
     record = table.add(Pod("u", "default", "p", "Pending", (), (Container("c", ((A, 1),)),)), "test", "p")

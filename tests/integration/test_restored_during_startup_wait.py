@@ -44,3 +44,17 @@ def test_restored_pods_tell_the_truth_while_their_plugin_is_away(short_tmp: Path
         env.sim(R, 2)
         new = wait_settled(env.agent, "new")
         assert new["admitted"] and new["reason"] == "" and devices_of(new, R) and not devices_of(new, R) & held
+
+
+def test_a_plugin_back_with_no_device_fails_the_pod_at_once_not_after_the_wait(short_tmp: Path) -> None:
+    """A plugin that registered and listed no device has answered: a pod asking for its devices fails as it would a
+    minute later, with the device manager's message, instead of waiting out the startup wait."""
+    with alloc_env(short_tmp) as env:
+        env.start_agent(*WAIT)
+        env.sim(R, 0)
+        started = time.monotonic()
+        simple_pod(env.pod_dir, "p", R, 1)
+        pod = wait_settled(env.agent, "p", timeout=20)
+        assert time.monotonic() - started < 20
+        assert pod["state"] == "failed"
+        assert pod["reason"] == f"no healthy devices present; cannot allocate unhealthy devices {R}"

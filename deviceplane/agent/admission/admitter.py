@@ -12,7 +12,6 @@ admissions never share a device, and a slow plugin only delays the admissions th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,7 +21,7 @@ from typing import TypeVar
 from deviceplane.agent.admission.plugin_calls import PluginCalls
 from deviceplane.agent.busy_poll import BusyPoll
 from deviceplane.agent.in_flight import InFlight
-from deviceplane.agent.plugins.contracts import DeviceEvent
+from deviceplane.agent.plugins.startup_wait import StartupPluginWait
 from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.agent.state.durability import AllocationStore
 from deviceplane.core.admission_plan import AllocateCall, PodOutcome, admit_pod, pre_start_calls
@@ -30,14 +29,9 @@ from deviceplane.core.allocator import AllocationError, AllocationResult, Alloca
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodRecord, PodTable
 from deviceplane.core.pods import Pod
-from deviceplane.core.registry import DeviceRegistry
 from deviceplane.core.topology import POLICY_NONE
 
 log = logging.getLogger("deviceplane.admission")
-
-# After the agent starts, an admission waits this long for the plugins of the resources it needs to (re)register
-# and report devices, instead of failing at once as the kubelet does (kubernetes#118559).
-STARTUP_PLUGIN_WAIT_SECONDS = 10.0
 
 T = TypeVar("T")
 
@@ -46,23 +40,6 @@ T = TypeVar("T")
 class AdmissionSettings:
     policy: str = POLICY_NONE
     numa_nodes: tuple[int, ...] = ()
-    startup_wait: float = STARTUP_PLUGIN_WAIT_SECONDS
-
-
-class DeviceChanges:
-    """A device listener that wakes admissions waiting for plugins to come back after a restart."""
-
-    def __init__(self) -> None:
-        self._changed = asyncio.Event()
-
-    def __call__(self, _event: DeviceEvent) -> None:
-        self._changed.set()
-
-    async def wait(self, timeout: float) -> None:
-        """Until the next change, or `timeout` seconds."""
-        self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +49,9 @@ class AdmissionParts:
     table: PodTable
     pod_devices: PodDevices
     allocator: Allocator
-    registry: DeviceRegistry
     store: AllocationStore
     plugins: PluginCalls
-    device_changes: DeviceChanges
+    plugins_back: StartupPluginWait  # right after start, admissions wait for their plugins to come back
     metrics: AgentMetrics
     # Told (source, pod, reason) when an admission fails: the API pod source's Warning Events.
     failure_listeners: Sequence[Callable[[str, Pod, str], None]] = ()
@@ -90,21 +66,15 @@ class Admitter:
         self._table = parts.table
         self._pod_devices = parts.pod_devices
         self._allocator = parts.allocator
-        self._registry = parts.registry
         self._store = parts.store
         self._plugins = parts.plugins
-        self._device_changes = parts.device_changes
+        self._plugins_back = parts.plugins_back
         self._metrics = parts.metrics
         self._failure_listeners = tuple(parts.failure_listeners)
         self._busy_poll = parts.busy_poll
         self._settings = settings
         self._clock = clock
-        self._started_at = clock()
         self._in_flight = InFlight(clock)  # admissions running now
-
-    def start(self) -> None:
-        """The startup wait counts from here."""
-        self._started_at = self._clock()
 
     def quiet_for(self) -> float:
         """Seconds since the last admission ended; 0 while one runs."""
@@ -175,24 +145,22 @@ class Admitter:
         """Right after start, give plugins a moment to come back before deciding their resources are missing. A pod
         restored from the checkpoint needs no plugin (no RPC is made for it), so it does not wait; one that waits
         says so in its reason."""
-        startup_wait = self._settings.startup_wait
-        if self._clock() - self._started_at >= startup_wait:
-            return  # the startup wait is over: nothing to wait for
+        if self._plugins_back.over():
+            return
         pod = record.pod
         if check_restored(self._pod_devices, pod.uid, [(c.name, c.limits) for c in pod.all_containers]):
             return
         # Zero requests too: upstream still refuses them while a resource has no healthy device.
         wanted = sorted({r for c in pod.all_containers for r, _ in c.limits})
         try:
-            while self._clock() - self._started_at < startup_wait:
-                missing = [r for r in wanted if not self._registry.plugin_ready(r)]
-                if not missing:
-                    return
-                record.waiting(f"waiting up to {startup_wait:g}s after start for device plugins: {', '.join(missing)}")
-                remaining = startup_wait - (self._clock() - self._started_at)
-                await self._device_changes.wait(max(remaining, 0.001))
+            await self._plugins_back.wait_for(
+                wanted, lambda missing: record.waiting(self._plugins_back.reason(missing))
+            )
         finally:
             record.waiting("")
+
+    def _tell_waiting(self, record: PodRecord) -> Callable[[list[str]], None]:
+        return lambda missing: record.waiting(self._plugins_back.reason(missing))
 
     async def _allocate(self, pod: Pod) -> PodOutcome:
         steps = admit_pod(self._allocator, pod, self._settings.policy, self._settings.numa_nodes)

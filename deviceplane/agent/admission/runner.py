@@ -52,7 +52,6 @@ class AdmissionRunner:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._admitter.start()
         # Worker threads (the checkpoint file's write, the journal's writer while the disk is slow) hold the GIL
         # between their system calls; with the default 5 ms switch interval each time could delay the event loop
         # that long. 1 ms bounds it.

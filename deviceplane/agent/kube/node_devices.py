@@ -50,12 +50,12 @@ HEARTBEAT_SECONDS = 60.0
 ALLOCATION_POLL_FLOOR_SECONDS = 0.05  # `--nodedevices-debounce 0` spun the loop polling the allocation counter
 
 
-class StartupWait(Protocol):
-    """What the first write waits for (agent/plugins/restored.py: the restored resources' plugins)."""
+class RestoredPluginsWait(Protocol):
+    """What the first write waits for (agent/plugins/startup_wait.py: the restored resources' plugins)."""
 
-    async def wait(self) -> None: ...
+    async def wait_restored(self) -> None: ...
 
-    def problem(self) -> str | None:
+    def restored_problem(self) -> str | None:
         """What is still waited for, for /readyz."""
         ...
 
@@ -127,7 +127,7 @@ class NodeDevicesPublisher:
         status: Callable[[int], DevicesStatus],
         allocations: Callable[[], int] = lambda: 0,
         owners_known: Callable[[], Awaitable[object]] | None = None,
-        plugins_back: StartupWait | None = None,
+        plugins_back: RestoredPluginsWait | None = None,
         record: PublishRecord | None = None,
         debounce: float = NODEDEVICES_DEBOUNCE_SECONDS,
         heartbeat: float = HEARTBEAT_SECONDS,
@@ -168,7 +168,7 @@ class NodeDevicesPublisher:
         if self.plugins_back is not None and not self.published:
             self._waiting_for_plugins = True
             try:
-                await self.plugins_back.wait()
+                await self.plugins_back.wait_restored()
             finally:
                 self._waiting_for_plugins = False
         last_attempt = float("-inf")
@@ -282,5 +282,9 @@ class NodeDevicesPublisher:
         return self.record.published
 
     def ready(self) -> str | None:
-        waiting = self.plugins_back.problem() if self.plugins_back is not None and self._waiting_for_plugins else None
+        waiting = (
+            self.plugins_back.restored_problem()
+            if self.plugins_back is not None and self._waiting_for_plugins
+            else None
+        )
         return self.record.not_ready(waiting)
