@@ -3,9 +3,9 @@
 A node is eligible for a config when its labels satisfy the nodeSelector and its NoSchedule/NoExecute taints are
 tolerated (by the config's tolerations or by those the DaemonSet controller adds to every daemon pod). Of two
 configs serving the same resourceName, the older (creationTimestamp, then namespace/name) keeps a shared node; the
-newer one excludes it. A config that runs nowhere because its DaemonSet could not be created (refused, or a
-DaemonSet of its name is not ours) keeps no node while a config that runs wants it: otherwise nobody would serve
-the node.
+newer one excludes it. A config that runs nowhere - its DaemonSet could not be created (refused, or a DaemonSet of
+its name is not ours), or it was paused before its DaemonSet was created - keeps no node while a config that runs
+wants it: otherwise nobody would serve the node.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from typing import Literal
 
 from deviceplane.api.dpc import Toleration
 from deviceplane.operator.names import ConfigKey
+
+# Why a config runs nowhere ("": it runs): "refused" - its DaemonSet could not be created (refused, or a DaemonSet of
+# its name is not ours); "paused" - it was paused before its DaemonSet was created, so it creates none.
+IdleCause = Literal["", "refused", "paused"]
 
 # The DaemonSet controller adds these to every daemon pod (pkg/controller/daemon/util AddOrUpdateDaemonPodTolerations).
 _DAEMON_TOLERATIONS = (
@@ -52,7 +56,11 @@ class Candidate:
     created: str  # RFC 3339 from the API server: sorts chronologically as text
     node_selector: Mapping[str, str]
     tolerations: Sequence[Toleration]
-    runs: bool = True  # False: its DaemonSet could not be created, so it serves no node
+    idle_cause: IdleCause = ""  # set: it has no DaemonSet and will not create one, so it serves no node
+
+    @property
+    def runs(self) -> bool:
+        return not self.idle_cause
 
     @property
     def age_order(self) -> tuple[str, str, str]:
@@ -62,12 +70,14 @@ class Candidate:
 @dataclass(frozen=True)
 class Conflict:
     """`other` serves the same resource on `nodes` too; `owner` says whether this config keeps them. `idle` says
-    which side keeps them only because the older one runs nowhere ("this" or "other"; "": age decided)."""
+    which side keeps them only because the older one runs nowhere ("this" or "other"; "": age decided), and
+    `idle_cause` why that one runs nowhere."""
 
     other: ConfigKey
     owner: bool
     nodes: tuple[str, ...]
     idle: Literal["", "this", "other"] = ""
+    idle_cause: IdleCause = ""
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,11 @@ def resolve(candidates: Iterable[Candidate], nodes: Iterable[NodeInfo]) -> dict[
                 if not keeps:
                     excluded |= shared
                 idle: Literal["", "this", "other"] = ""
+                cause: IdleCause = ""
                 if keeps == older:  # age alone would have decided the other way
-                    idle = "other" if keeps else "this"
-                conflicts.append(Conflict(other=other.key, owner=keeps, nodes=tuple(sorted(shared)), idle=idle))
+                    idle, cause = ("other", other.idle_cause) if keeps else ("this", config.idle_cause)
+                conflicts.append(
+                    Conflict(other=other.key, owner=keeps, nodes=tuple(sorted(shared)), idle=idle, idle_cause=cause)
+                )
             out[config.key] = Resolution(frozenset(excluded), tuple(conflicts))
     return out

@@ -17,11 +17,11 @@ from deviceplane.api import dpc
 from deviceplane.debug_faults import install_block_signal
 from deviceplane.loop_watchdog import LoopWatchdog
 from deviceplane.operator import names
-from deviceplane.operator.conflicts import NodeInfo, Taint
+from deviceplane.operator.conflicts import IdleCause, NodeInfo, Taint
 from deviceplane.operator.names import ConfigKey
 from deviceplane.operator.reconciler import Reconciler, key_of
 from deviceplane.operator.render import configmap_hash
-from deviceplane.operator.status import PodProblem, pod_problem, runs_nowhere
+from deviceplane.operator.status import PodProblem, idle_cause, pod_problem
 
 MANAGED = {names.MANAGED_BY_LABEL: names.MANAGED_BY}  # the label selector of what we create
 
@@ -105,9 +105,9 @@ def install(
     pods = {"version": "v1", "plural": "pods", "registry": registry}
     cms = {"version": "v1", "plural": "configmaps", "registry": registry}
     # Last seen resourceName per config and labels/taints per node: only a change there moves node ownership; so
-    # does a config's DaemonSet failing to be created, or being created at last (its status says which).
+    # does a config coming to run nowhere or to run again, or why it runs nowhere (its spec and status say which).
     resource_of: dict[ConfigKey, str | None] = {}
-    runs_of: dict[ConfigKey, bool] = {}
+    idle_of: dict[ConfigKey, IdleCause] = {}
     node_seen: dict[str, NodeInfo] = {}
 
     @kopf.on.login(registry=registry)
@@ -164,16 +164,16 @@ def install(
         reconciler.seen_config(key, body["metadata"].get("resourceVersion"))
         resource = None if event.get("type") == "DELETED" else (body.get("spec") or {}).get("resourceName")
         before = resource_of.get(key)
-        runs = not runs_nowhere(body)
-        ran = runs_of.get(key, runs)
+        idle = idle_cause(body)
+        was_idle = idle_of.get(key, idle)
         if resource is None:
             resource_of.pop(key, None)
-            runs_of.pop(key, None)
+            idle_of.pop(key, None)
         else:
             resource_of[key] = resource
-            runs_of[key] = runs
+            idle_of[key] = idle
         reconciler.enqueue(key)
-        placement = before != resource or ran != runs or _placement_may_change(body)
+        placement = before != resource or was_idle != idle or _placement_may_change(body)
         if event.get("type") in (None, "ADDED", "DELETED") or placement:
             # Conflicts involve the other configs of the old and new resource.
             reconciler.topology_changed()

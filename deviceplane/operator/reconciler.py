@@ -34,8 +34,8 @@ from deviceplane.operator.status import (
     PodProblem,
     compute_status,
     degraded_reason,
+    idle_cause,
     pods_missing,
-    runs_nowhere,
 )
 
 log = logging.getLogger("deviceplane.operator")
@@ -68,7 +68,7 @@ def candidate_of(body: Mapping[str, Any]) -> conflict_rules.Candidate | None:
         created=str(body["metadata"].get("creationTimestamp") or ""),
         node_selector=spec.nodeSelector,
         tolerations=spec.tolerations,
-        runs=not runs_nowhere(body),
+        idle_cause=idle_cause(body),
     )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deviceplane.api.dpc import MAX_CONFLICT_NODES, ConditionView, ConflictView, DevicePluginConfigStatus
-from deviceplane.operator.conflicts import Conflict
+from deviceplane.operator.conflicts import Conflict, IdleCause
 from deviceplane.operator.names import CONFIG_LABEL
 
 MAX_NAMED_PODS = 3
@@ -216,13 +216,21 @@ def _degraded(observed: Observed) -> Triple:
     return ("False", "AsExpected", "")
 
 
-NOT_CREATED = "its DaemonSet could not be created, so it runs nowhere"
-_ROLES = {
-    (True, ""): "this config is older and keeps them",
-    (False, ""): "it is older and keeps them",
-    (True, "other"): f"it is older, but {NOT_CREATED}: this config keeps them until it runs",
-    (False, "this"): f"this config is older, but {NOT_CREATED}: it keeps them until this config runs",
+# Why the older config runs nowhere, and what ends it, by Conflict.idle_cause.
+_RUNS_NOWHERE: dict[IdleCause, tuple[str, str]] = {
+    "refused": ("its DaemonSet could not be created", "runs"),
+    "paused": ("it is paused and has no DaemonSet", "is unpaused"),
 }
+
+
+def _role(c: Conflict) -> str:
+    """Who keeps the shared nodes, and why when age did not decide it."""
+    if not c.idle:
+        return "this config is older and keeps them" if c.owner else "it is older and keeps them"
+    why, until = _RUNS_NOWHERE[c.idle_cause or "refused"]
+    if c.idle == "other":
+        return f"it is older, but {why}, so it runs nowhere: this config keeps them until it {until}"
+    return f"this config is older, but {why}, so it runs nowhere: it keeps them until this config {until}"
 
 
 def _nodes_shown(nodes: Sequence[str]) -> str:
@@ -234,7 +242,7 @@ def _conflict_condition(conflicts: Sequence[Conflict], paused_on_yielded: Sequen
         return ("False", "NoConflict", "")
     parts = []
     for c in conflicts:
-        role = _ROLES[(c.owner, c.idle)]
+        role = _role(c)
         parts.append(
             f"{c.other} serves the same resource on {_count(len(c.nodes), 'node')} ({role}): {_nodes_shown(c.nodes)}"
         )
@@ -276,14 +284,19 @@ def degraded_reason(config: Mapping[str, Any]) -> str | None:
     return _text(degraded.get("reason")) or None
 
 
-def runs_nowhere(config: Mapping[str, Any]) -> bool:
-    """Does the status the operator wrote say that, at the config's current generation, it has no DaemonSet because
-    one could not be created (refused, or a DaemonSet of its name is not ours)? Such a config keeps no node from a
-    config that runs. Read from the stored status, so it holds across operator restarts; a new generation is tried
+def idle_cause(config: Mapping[str, Any]) -> IdleCause:
+    """Why a config runs nowhere, read from its spec and the status the operator wrote ("": it runs, or will try to).
+
+    "paused": paused while its status names no DaemonSet, so it creates none (a config paused with its DaemonSet
+    keeps running it). "refused": at the config's current generation it has no DaemonSet because one could not be
+    created (refused, or a DaemonSet of its name is not ours). Either keeps no node from a config that runs. Read
+    from the stored object, so it holds across operator restarts; a new generation (unpausing is one) is tried
     again, and runs until refused."""
     if _map(config.get("status")).get("daemonSet"):
-        return False
-    return degraded_reason(config) in _NOT_CREATED_REASONS
+        return ""
+    if _map(config.get("spec")).get("paused") is True:
+        return "paused"
+    return "refused" if degraded_reason(config) in _NOT_CREATED_REASONS else ""
 
 
 def _keep_transition_times(

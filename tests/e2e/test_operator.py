@@ -743,6 +743,50 @@ def test_an_older_config_whose_daemonset_is_refused_keeps_no_node(
     delete_configs(cluster, namespace, "older", "newer")
 
 
+def test_an_older_config_paused_before_its_daemonset_was_created_keeps_no_node(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """The older config is created paused, so it never makes a DaemonSet and runs nowhere: the newer config serves
+    the shared node meanwhile, and both say why. Unpaused, the older one's DaemonSet is created with the node (it is
+    never updated) and the newer one's leaves it in exactly one update."""
+    cluster = operator.cluster
+    t = tag()
+    x, y = f"e2e-px-{t}", f"e2e-py-{t}"
+    (shared,) = kwok_nodes(1, prefix="px", labels={x: "1", y: "1"}, taints=[])
+    (alone,) = kwok_nodes(1, prefix="py", labels={y: "1"}, taints=[])
+    resource = f"example.com/paused-{t}"
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, paused=True))
+    wait_for("the older config to say it is paused",
+             lambda: condition(cluster, namespace, "older", "Ready").get("reason") == "Paused",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    time.sleep(1.1)  # creationTimestamp has one-second resolution: make "newer" unambiguous
+    cluster.apply(dpc("newer", namespace, resource, nodeSelector={y: "1"}))
+    wait_ready(cluster, operator, namespace, "newer", {shared, alone})
+    why = "paused and has no DaemonSet"
+    wait_for("both to say why the newer config keeps the node",
+             lambda: why in condition(cluster, namespace, "older", "Conflict").get("message", "")
+             and why in condition(cluster, namespace, "newer", "Conflict").get("message", ""),
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    assert condition(cluster, namespace, "newer", "Conflict")["reason"] == "KeepsNodes"
+    daemonsets = cluster.get_json("daemonsets", "-n", namespace)["items"]
+    assert [d["metadata"]["name"] for d in daemonsets] == ["newer-plugin"], "the paused config made a DaemonSet"
+
+    cluster.kubectl("patch", "dpc", "older", "-n", namespace, "--type=merge", "-p", '{"spec":{"paused":false}}')
+    wait_ready(cluster, operator, namespace, "older", {shared})
+    wait_ready(cluster, operator, namespace, "newer", {alone})
+    wait_for("the newer config to yield the node",
+             lambda: condition(cluster, namespace, "newer", "Conflict").get("reason") == "YieldsNodes",
+             procs=[operator.proc], timeout=30)  # fmt: skip
+    time.sleep(2)  # a needless later write would show by now
+    ds_writes = [
+        (e["verb"], e["objectRef"].get("name"))
+        for e in operator.writes()
+        if e["objectRef"].get("resource") == "daemonsets" and e["objectRef"].get("namespace") == namespace
+    ]
+    assert sorted(ds_writes) == [("create", "newer-plugin"), ("create", "older-plugin"), ("update", "newer-plugin")]
+    delete_configs(cluster, namespace, "older", "newer")
+
+
 # ---- rest: restart without writes, 60 s of steady state --------------------------------------------------------
 
 

@@ -13,7 +13,8 @@ from deviceplane.operator.names import ConfigKey
 def cand(
     name: str, created: str, selector: dict[str, str] | None = None, tolerations=(), resource="example.com/x", runs=True
 ):
-    return Candidate(ConfigKey("ns", name), resource, created, selector or {}, list(tolerations), runs=runs)
+    idle = "" if runs else "refused"
+    return Candidate(ConfigKey("ns", name), resource, created, selector or {}, list(tolerations), idle_cause=idle)
 
 
 def test_toleration_semantics() -> None:
@@ -80,8 +81,17 @@ def test_an_older_config_that_runs_nowhere_keeps_no_node_from_one_that_runs() ->
     assert result[old.key].excluded == {"b"}, "once it can be created, its first DaemonSet leaves b to new"
     (c_old,) = result[old.key].conflicts
     (c_new,) = result[new.key].conflicts
-    assert (c_old.owner, c_old.idle, c_old.nodes) == (False, "this", ("b",))
-    assert (c_new.owner, c_new.idle, c_new.nodes) == (True, "other", ("b",))
+    assert (c_old.owner, c_old.idle, c_old.idle_cause, c_old.nodes) == (False, "this", "refused", ("b",))
+    assert (c_new.owner, c_new.idle, c_new.idle_cause, c_new.nodes) == (True, "other", "refused", ("b",))
+
+
+def test_an_older_config_paused_without_a_daemonset_keeps_no_node_and_says_it_is_paused() -> None:
+    nodes = [NodeInfo("a")]
+    paused = Candidate(ConfigKey("ns", "old"), "example.com/x", "2026-01-01T00:00:00Z", {}, [], idle_cause="paused")
+    new = cand("new", "2026-01-02T00:00:00Z")
+    result = resolve([paused, new], nodes)
+    assert result[new.key].excluded == frozenset() and result[paused.key].excluded == {"a"}
+    assert [(c.owner, c.idle, c.idle_cause) for c in result[new.key].conflicts] == [(True, "other", "paused")]
 
 
 def test_a_newer_config_that_runs_nowhere_changes_nothing_and_two_idle_ones_go_by_age() -> None:

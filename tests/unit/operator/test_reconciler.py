@@ -27,6 +27,7 @@ from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import CONFIG_HASH_ANNOTATION, MANAGED_BY_LABEL, ConfigKey
 from deviceplane.operator.reconciler import Reconciler, _Backoff, is_transient
 from deviceplane.operator.render import Owner, render_daemonset
+from deviceplane.operator.status import Observed, compute_status
 
 from .helpers import spec
 
@@ -584,3 +585,32 @@ def test_a_paused_config_says_its_daemonset_still_runs_on_nodes_it_now_yields() 
         "this config is paused and its DaemonSet does not exclude 1 node it yields, so both plugins may serve them "
         "until it is unpaused: n1"
     ), conflict["message"]
+
+
+def test_an_older_config_paused_before_its_daemonset_was_created_leaves_the_node_until_unpaused() -> None:
+    """The older config was paused before it had a DaemonSet, so it runs nowhere: this newer config keeps n1 (its
+    DaemonSet does not exclude it) and says why. Unpaused (a new generation, not yet reconciled) the older one runs
+    again and keeps n1 by age: this config's DaemonSet leaves it, in one update."""
+    view = FakeView(config_body())
+    older = config_body(paused=True)
+    older["metadata"].update(name="older", uid="u0", creationTimestamp="2023-01-01T00:00:00Z")
+    older["status"] = compute_status(Observed(1, True, None), None, "2023-01-01T00:00:01Z")
+    view.others = [older]
+    reconciler, api, _ = started(view)
+    once(reconciler)
+    (created,) = api.creates
+    assert "affinity" not in created["spec"]["template"]["spec"], "the paused config's node was excluded"
+    conflict = conditions(api)["Conflict"]
+    assert conflict["reason"] == "KeepsNodes"
+    assert "it is paused and has no DaemonSet" in conflict["message"], conflict["message"]
+
+    older["spec"]["paused"] = False
+    older["metadata"]["generation"] = 2
+    reconciler.topology_changed()  # as the handlers do on the older config's new generation
+    once(reconciler)
+    (replaced,) = api.replaces
+    affinity = replaced["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchFields"] == [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}
+    ]
+    assert conditions(api)["Conflict"]["reason"] == "YieldsNodes"

@@ -6,7 +6,7 @@ from typing import Any
 
 from deviceplane.operator.conflicts import Conflict
 from deviceplane.operator.names import ConfigKey
-from deviceplane.operator.status import Observed, PodProblem, compute_status, pod_problem, runs_nowhere
+from deviceplane.operator.status import Observed, PodProblem, compute_status, idle_cause, pod_problem
 
 NOW = "2026-11-23T10:00:00Z"
 
@@ -147,18 +147,16 @@ def test_no_nodes_names_the_nodes_yielded_to_older_configs() -> None:
 
 def test_conflict_messages_say_when_the_older_config_runs_nowhere_and_count_one_node() -> None:
     other = ConfigKey("team-a", "gpu-old")
-    keeps = compute_status(
-        Observed(1, False, None, conflicts=[Conflict(other, True, ("n3",), idle="other")]), None, NOW
-    )
+    keeps_conflict = Conflict(other, True, ("n3",), idle="other", idle_cause="refused")
+    keeps = compute_status(Observed(1, False, None, conflicts=[keeps_conflict]), None, NOW)
     message = cond(keeps, "Conflict")["message"]
     assert message == (
         "team-a/gpu-old serves the same resource on 1 node (it is older, but its DaemonSet could not be created, so "
         "it runs nowhere: this config keeps them until it runs): n3"
     )
     assert cond(keeps, "Conflict")["reason"] == "KeepsNodes"
-    yields = compute_status(
-        Observed(1, False, None, conflicts=[Conflict(other, False, ("n3",), idle="this")]), None, NOW
-    )
+    yields_conflict = Conflict(other, False, ("n3",), idle="this", idle_cause="refused")
+    yields = compute_status(Observed(1, False, None, conflicts=[yields_conflict]), None, NOW)
     assert "this config is older, but its DaemonSet could not be created" in cond(yields, "Conflict")["message"]
     assert cond(yields, "Conflict")["reason"] == "YieldsNodes"
 
@@ -170,13 +168,38 @@ def test_runs_nowhere_reads_the_stored_status_of_the_current_generation() -> Non
             status["daemonSet"] = daemon_set
         return {"metadata": {"generation": generation}, "status": status}
 
-    assert runs_nowhere(config(1, "DaemonSetRejected"))
-    assert runs_nowhere(config(1, "DaemonSetNotOurs"))
-    assert not runs_nowhere(config(1, "DaemonSetWriteFailed")), "retrying: it may well run soon"
-    assert not runs_nowhere(config(1, "DaemonSetRejected", daemon_set="x-plugin")), "an update refused: it runs"
-    assert not runs_nowhere(config(2, "DaemonSetRejected")), "a new generation is tried again"
-    assert not runs_nowhere({"metadata": {"generation": 1}})
-    assert not runs_nowhere({"metadata": {}, "status": {"conditions": "junk", "observedGeneration": None}})
+    assert idle_cause(config(1, "DaemonSetRejected")) == "refused"
+    assert idle_cause(config(1, "DaemonSetNotOurs")) == "refused"
+    assert idle_cause(config(1, "DaemonSetWriteFailed")) == "", "retrying: it may well run soon"
+    assert idle_cause(config(1, "DaemonSetRejected", daemon_set="x-plugin")) == "", "an update refused: it runs"
+    assert idle_cause(config(2, "DaemonSetRejected")) == "", "a new generation is tried again"
+    assert idle_cause({"metadata": {"generation": 1}}) == ""
+    assert idle_cause({"metadata": {}, "status": {"conditions": "junk", "observedGeneration": None}}) == ""
+
+
+def test_a_config_paused_before_its_daemonset_was_created_runs_nowhere() -> None:
+    """Paused with no DaemonSet it creates none, status written or not; paused with its DaemonSet it keeps running
+    it; unpaused (a new generation) it is tried again."""
+    paused_status = compute_status(Observed(2, True, None), None, NOW)
+    assert idle_cause({"metadata": {"generation": 1}, "spec": {"paused": True}}) == "paused", "not yet reconciled"
+    assert idle_cause({"metadata": {"generation": 2}, "spec": {"paused": True}, "status": paused_status}) == "paused"
+    with_ds = {**paused_status, "daemonSet": "x-plugin"}
+    assert idle_cause({"metadata": {"generation": 2}, "spec": {"paused": True}, "status": with_ds}) == ""
+    assert idle_cause({"metadata": {"generation": 3}, "spec": {"paused": False}, "status": paused_status}) == ""
+
+
+def test_conflict_messages_say_when_the_older_config_is_paused_without_a_daemonset() -> None:
+    other = ConfigKey("team-a", "gpu-old")
+    keeps = Conflict(other, True, ("n3",), idle="other", idle_cause="paused")
+    assert cond(compute_status(Observed(1, False, None, conflicts=[keeps]), None, NOW), "Conflict")["message"] == (
+        "team-a/gpu-old serves the same resource on 1 node (it is older, but it is paused and has no DaemonSet, so "
+        "it runs nowhere: this config keeps them until it is unpaused): n3"
+    )
+    yields = Conflict(other, False, ("n3",), idle="this", idle_cause="paused")
+    assert cond(compute_status(Observed(1, True, None, conflicts=[yields]), None, NOW), "Conflict")["message"] == (
+        "team-a/gpu-old serves the same resource on 1 node (this config is older, but it is paused and has no "
+        "DaemonSet, so it runs nowhere: it keeps them until this config is unpaused): n3"
+    )
 
 
 def test_on_delete_waits_for_pod_deletion_instead_of_rolling_out_forever() -> None:
