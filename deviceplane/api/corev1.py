@@ -10,9 +10,9 @@ had said yes.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer
 
 
 class CrdModel(BaseModel):
@@ -20,6 +20,10 @@ class CrdModel(BaseModel):
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
+
+# A resource.Quantity: the CRD takes an integer or a string (`cpu: 1`, `memory: 64Mi`), the API server reads both
+# alike, but the Kubernetes client refuses an integer quantity before sending it, so a dump is always a string.
+Quantity = Annotated[int | str, PlainSerializer(str, return_type=str)]
 
 ProfileType = Literal["RuntimeDefault", "Unconfined", "Localhost"]
 
@@ -114,7 +118,7 @@ class ResourceFieldSelector(CrdModel):
 
     resource: str = Field(description="e.g. limits.cpu or requests.memory.")
     containerName: str | None = Field(default=None, description="The container [this one].")
-    divisor: int | str | None = Field(default=None, description="The quantity the value is divided by [1].")
+    divisor: Quantity | None = Field(default=None, description="The quantity the value is divided by [1].")
 
 
 class FileKeySelector(CrdModel):

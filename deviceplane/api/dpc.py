@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, JsonValue
 
-from deviceplane.api.corev1 import CrdModel, EnvVarSource, SecurityContext
+from deviceplane.api.corev1 import CrdModel, EnvVarSource, Quantity, SecurityContext
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -60,8 +60,8 @@ class EnvVar(CrdModel):
 class ResourceRequirements(CrdModel):
     """CPU/memory requests and limits of the plugin container (core/v1 ResourceRequirements)."""
 
-    limits: dict[str, int | str] | None = Field(default=None, description="Limits, e.g. {cpu: 100m, memory: 64Mi}.")
-    requests: dict[str, int | str] | None = Field(default=None, description="Requests, e.g. {cpu: 10m}.")
+    limits: dict[str, Quantity] | None = Field(default=None, description="Limits, e.g. {cpu: 100m, memory: 64Mi}.")
+    requests: dict[str, Quantity] | None = Field(default=None, description="Requests, e.g. {cpu: 10m}.")
 
 
 class Toleration(CrdModel):

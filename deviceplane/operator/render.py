@@ -123,7 +123,8 @@ def _pod_spec(spec: DevicePluginConfigSpec, excluded_nodes: list[str]) -> dict[s
         mounts.append({"name": CONFIG_VOLUME, "mountPath": spec.configMapRef.mountPath, "readOnly": True})
 
     env: list[dict[str, Any]] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
-    env += [_env_var(e) for e in spec.env if e.name != "NODE_NAME"]
+    # A resourceFieldRef divisor dumps as a string, as the client requires (api.corev1.Quantity).
+    env += [e.model_dump(exclude_none=True) for e in spec.env if e.name != "NODE_NAME"]
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
@@ -139,13 +140,8 @@ def _pod_spec(spec: DevicePluginConfigSpec, excluded_nodes: list[str]) -> dict[s
         container["command"] = list(spec.command)
     if spec.args:
         container["args"] = list(spec.args)
-    # Quantities the CRD takes as integers (cpu: 1) go out as strings: the Kubernetes client refuses an integer
-    # quantity before sending, and the API server reads both alike.
     if spec.resources is not None:
-        resources = {
-            kind: {name: str(q) for name, q in quantities.items()}
-            for kind, quantities in spec.resources.model_dump(exclude_none=True).items()
-        }
+        resources = spec.resources.model_dump(exclude_none=True)  # quantities dump as strings (api.corev1.Quantity)
         if resources:
             container["resources"] = resources
 
@@ -167,14 +163,6 @@ def _pod_spec(spec: DevicePluginConfigSpec, excluded_nodes: list[str]) -> dict[s
             "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
         }
     return pod
-
-
-def _env_var(var: dpc.EnvVar) -> dict[str, Any]:
-    out = var.model_dump(exclude_none=True)
-    field_ref = out.get("valueFrom", {}).get("resourceFieldRef", {})
-    if "divisor" in field_ref:
-        field_ref["divisor"] = str(field_ref["divisor"])  # a quantity: see _pod_spec's resources
-    return out
 
 
 def _excluding_term(nodes: list[str]) -> dict[str, Any]:

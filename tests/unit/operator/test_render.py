@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deviceplane.api.crd import structural_schema
 from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.operator import names
 from deviceplane.operator.render import SECURE_DEFAULT, configmap_hash, render_daemonset
@@ -102,3 +103,25 @@ def test_excluded_nodes_become_a_sorted_not_in_affinity_and_the_hash_is_stable()
         }
     ]
     assert a != render_daemonset(owner("x"), spec())
+
+
+def test_integer_quantities_go_out_as_strings_from_one_type() -> None:
+    """The CRD takes `cpu: 1` and a divisor of 1 (int-or-string), the Kubernetes client refuses an integer quantity:
+    both places dump as strings through the one Quantity type, whose schema stays int-or-string."""
+    quantity_spec = spec(
+        resources={"limits": {"cpu": 1, "memory": "64Mi"}, "requests": {"cpu": 0}},
+        env=[{"name": "CPUS", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": 1}}}],
+    )
+    assert quantity_spec.resources is not None
+    assert quantity_spec.resources.model_dump(exclude_none=True) == {
+        "limits": {"cpu": "1", "memory": "64Mi"},
+        "requests": {"cpu": "0"},
+    }
+    assert quantity_spec.env[0].model_dump(exclude_none=True)["valueFrom"]["resourceFieldRef"]["divisor"] == "1"
+    container = render_daemonset(owner("q"), quantity_spec)["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"] == {"limits": {"cpu": "1", "memory": "64Mi"}, "requests": {"cpu": "0"}}
+    assert container["env"][1]["valueFrom"]["resourceFieldRef"]["divisor"] == "1"
+    schema = structural_schema(DevicePluginConfigSpec, mode="validation")["properties"]
+    assert schema["resources"]["properties"]["limits"]["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    divisor = schema["env"]["items"]["properties"]["valueFrom"]["properties"]["resourceFieldRef"]["properties"]
+    assert divisor["divisor"]["x-kubernetes-int-or-string"] is True
