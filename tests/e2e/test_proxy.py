@@ -416,21 +416,15 @@ def start_sim_version(procs: Procs, plugin_dir: Path, *flags: str) -> tuple[Proc
     return procs.start("deviceplane-plugin-sim", argv, cwd=REPO), f"http://127.0.0.1:{port}"
 
 
-def pre_starts_after_upgrade(
-    h: Harness, procs: Procs, plugin_dir: Path, watched: list[Proc], registered: Callable[[], int] | None = None
-) -> int:
-    """Run a plugin without PreStartContainer, replace it by a version (same socket) that asks for it, admit a pod:
-    how many PreStartContainer calls the new version got. `registered`: how many registrations with the kubelet the
-    proxy has made; the new version's devices reach the kubelet on its open stream before the proxy registers again
-    with the new options, so the admission waits for that second registration."""
+def pre_starts_after_upgrade(h: Harness, procs: Procs, plugin_dir: Path, watched: list[Proc]) -> int:
+    """Run a plugin without PreStartContainer, replace it by a version that asks for it, admit a pod: how many
+    PreStartContainer calls the new version got."""
     first, _ = start_sim_version(procs, plugin_dir, "--no-pre-start")
     wait_for("version 1 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, first])
     procs.stop(first)
     wait_for("version 1 gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
     second, control = start_sim_version(procs, plugin_dir)
     wait_for("version 2 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, second])
-    if registered is not None:
-        wait_for("registered again with the new options", lambda: registered() == 2, procs=[*watched, second])
     admit_app(h, "after-upgrade", SIM, 1)
     return int(http_json(control + "/calls")["counts"].get("PreStartContainer", 0))
 
@@ -446,8 +440,32 @@ def test_plugin_upgraded_with_new_options_gets_them_to_the_kubelet_as_direct(
     kubelet_dir, pod_resources = kubelet_side(short_tmp)
     proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
     agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
-    registrations = lambda: agent.proc.log.read_text(errors="replace").count("registered with the kubelet")  # noqa: E731
-    assert pre_starts_after_upgrade(proxied, procs, agent.plugin_dir, [proxied.proc, agent.proc], registrations) == 1
+    assert pre_starts_after_upgrade(proxied, procs, agent.plugin_dir, [proxied.proc, agent.proc]) == 1
+
+
+def test_a_pod_admitted_as_soon_as_an_upgraded_plugins_devices_show_gets_its_new_options(
+    kubelet_harness, deviceplane_agent, procs, short_tmp
+) -> None:
+    """Directly, the kubelet asks an upgraded plugin's options before it sees any of its devices. Behind the proxy the
+    new version's devices must not reach the kubelet as healthy before the endpoint is registered again with the new
+    options: a pod admitted the moment they show would start without the PreStartContainer the plugin now needs."""
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    watched = [h.proc, agent.proc]
+    for attempt in range(4):  # the window was a tick (0.1 s) plus a registration: most attempts hit it
+        first, _ = start_sim_version(procs, agent.plugin_dir, "--no-pre-start")
+        wait_for("version 1 up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, first])
+        procs.stop(first)
+        wait_for("version 1 gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
+        second, control = start_sim_version(procs, agent.plugin_dir)
+        wait_for("version 2's devices", lambda: counts(h, SIM) == (2, 2), procs=[*watched, second], interval=0.001)
+        admitted = admit_app(h, f"upgraded-{attempt}", SIM, 1)
+        calls = int(http_json(control + "/calls")["counts"].get("PreStartContainer", 0))
+        assert calls == 1, f"attempt {attempt}: PreStartContainer called {calls} times"
+        h.remove(admitted["uid"])
+        procs.stop(second)
+        wait_for("version 2 gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
 
 
 # ---- the harness's PodResources server (the kubelet's own) -------------------------------------------------------

@@ -70,6 +70,11 @@ class ProxyEndpoint:
     def registered_with(self, kubelet: SocketIdentity, options: PluginOptions) -> bool:
         return self._registered_with == (kubelet, options)
 
+    @property
+    def registered_options(self) -> PluginOptions | None:
+        """The options the kubelet was told at this endpoint's last registration; None when not registered."""
+        return self._registered_with[1] if self._registered_with is not None else None
+
     async def ensure_serving(self) -> bool:
         """Serve on the socket; when the socket is gone or replaced (the kubelet deletes every socket in its
         directory when it starts), serve anew. True when it (re)started."""

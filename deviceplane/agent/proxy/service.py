@@ -124,7 +124,15 @@ class ProxyService:
         feed = self._feeds.get(resource)
         state = self._registry.resource(resource)
         if feed is not None and state is not None:
-            feed.show(self._connector.latest(self.plugin(resource)), state.connected)
+            feed.show(self._connector.latest(self.plugin(resource)), state.connected and self._told(resource))
+
+    def _told(self, resource: str) -> bool:
+        """Whether the kubelet knows the primary plugin's options. It learns them only when the endpoint registers:
+        a plugin replaced by one with other options (now needing PreStartContainer) stays shown as disconnected (its
+        devices unhealthy) until the endpoint is registered again, so no pod is admitted under the old options."""
+        endpoint = self._endpoints.get(resource)
+        told = endpoint.registered_options if endpoint is not None else None
+        return told is None or told == (self.options(resource) or PluginOptions())
 
     def connected_plugins(self) -> dict[str, str]:
         """Resource -> socket of its connected primary plugin (what an agent restart reconnects to)."""
@@ -230,6 +238,7 @@ class ProxyService:
             return
         self._errors.pop(name, None)
         log.info("registered with the kubelet", extra={"resource": name, "endpoint": endpoint.name, "options": options})
+        self._show(name)  # the kubelet knows the options now: the plugin's devices, if they waited for that
 
     def _failed(self, name: str, what: str, error: str) -> None:
         """Retry later; log once per distinct failure (a missing kubelet must not flood the log every tick)."""
