@@ -14,24 +14,30 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from deviceplane.api import dpc
+from deviceplane.kube_client_config import client_configuration
 from deviceplane.operator.names import ConfigKey
 
 __all__ = ["ApiException", "KubeApi", "load_client"]
 
+REQUEST_TIMEOUT = 30.0  # seconds, to connect and again to read an answer
+
 
 def load_client(kubeconfig: str | None) -> client.ApiClient:
-    """A client from the kubeconfig file, else the in-cluster service account, else $KUBECONFIG/~/.kube/config."""
+    """A client from the kubeconfig file, else the in-cluster service account, else $KUBECONFIG/~/.kube/config;
+    urllib3's own retries off (the reconciler's backoff is the retry: deviceplane.kube_client_config)."""
+    configuration = client_configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
+        return config.new_client_from_config(config_file=kubeconfig, client_configuration=configuration)
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        return config.new_client_from_config()
-    return client.ApiClient()
+        return config.new_client_from_config(client_configuration=configuration)
+    return client.ApiClient(configuration)
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT) -> None:
+        self._request_timeout = request_timeout
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
@@ -67,10 +73,9 @@ class KubeApi:
             {"status": status_patch},
         )
 
-    @staticmethod
-    async def _json(call: Any, *args: Any) -> dict[str, Any]:
+    async def _json(self, call: Any, *args: Any) -> dict[str, Any]:
         def run() -> dict[str, Any]:
-            response = call(*args, _preload_content=False, _request_timeout=30)
+            response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
             return dict(json.loads(response.data or b"{}"))
 
         return await asyncio.to_thread(run)

@@ -1,7 +1,8 @@
 """A TCP proxy between a client and a server, for faults of the network between them: real connections, which the
 test can cut (both ends see the connection closed mid-stream, as when a server restarts) or blackhole (nothing more
 is forwarded either way and nothing is closed: a connection that died silently, as behind a lost NAT entry).
-Connections opened after a fault are forwarded as usual."""
+Connections opened after a fault are forwarded as usual, unless the blackhole takes new ones too (a server that
+takes connections and never answers)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ class TcpProxy:
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
         self.accepted = 0  # connections accepted so far
+        self._blackhole_new = False  # new connections forward nothing either
         self._links: list[_Link] = []
         self._lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -50,10 +52,12 @@ class TcpProxy:
             link.close()
         return len(links)
 
-    def blackhole(self) -> int:
+    def blackhole(self, new_connections: bool = False) -> int:
         """Stop forwarding on every open connection, without closing any; the number affected. What arrives on
-        them is read and dropped, so neither end's writes block."""
+        them is read and dropped, so neither end's writes block. With `new_connections`, so on every connection
+        accepted from now on too (each still counted in `accepted`)."""
         with self._lock:
+            self._blackhole_new = self._blackhole_new or new_connections
             links = list(self._links)
         for link in links:
             link.forwarding = False
@@ -86,8 +90,8 @@ class TcpProxy:
                 client.close()
                 continue
             server.settimeout(None)
-            link = _Link(client, server)
             with self._lock:
+                link = _Link(client, server, forwarding=not self._blackhole_new)
                 self.accepted += 1
                 self._links.append(link)
             for src, dst in ((client, server), (server, client)):

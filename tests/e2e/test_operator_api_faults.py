@@ -1,0 +1,80 @@
+"""The operator's Kubernetes client (deviceplane/operator/kube.py) against a real API server behind a TCP proxy
+(tests/support/tcp_proxy.py) that stops answering, on open connections and new ones alike: each request is sent
+once and fails within its timeout, urllib3 logs nothing of its own, and the reconciler takes the failure as
+transient (its per-config backoff is the one retry). With urllib3's default retries, a read or a DaemonSet
+replace was sent 4 times, on 4 connections, each after a timeout (30 s in production) and with a WARNING.
+
+kopf's own requests (its watches) go through aiohttp, not urllib3: their retry is kopf's
+settings.networking.error_backoffs, left as it is."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deviceplane.api.dpc import DevicePluginConfigSpec
+from deviceplane.operator.kube import KubeApi, load_client
+from deviceplane.operator.names import ConfigKey
+from deviceplane.operator.reconciler import is_transient
+from deviceplane.operator.render import Owner, render_daemonset
+from tests.support.tcp_proxy import TcpProxy
+
+from .cluster import Cluster
+
+TIMEOUT = 1.0  # seconds per request here (30 in production): the test waits for each
+
+
+@pytest.fixture
+def proxy(cluster: Cluster) -> Iterator[TcpProxy]:
+    p = TcpProxy(cluster.apiserver_port)
+    yield p
+    p.close()
+
+
+def operator_api(cluster: Cluster, proxy: TcpProxy, directory: Path) -> KubeApi:
+    """The operator's client, as `deviceplane operator --kubeconfig` builds it, as admin through the proxy."""
+    assert cluster.pki is not None
+    path = directory / "operator.kubeconfig"
+    kubeconfig = cluster.pki.kubeconfig(f"https://{proxy.address}", "admin", ("system:masters",), path=path)
+    return KubeApi(load_client(str(kubeconfig)), request_timeout=TIMEOUT)
+
+
+def test_a_request_to_an_api_server_that_stopped_answering_is_sent_once_without_urllib3_warnings(
+    cluster: Cluster, proxy: TcpProxy, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = operator_api(cluster, proxy, tmp_path)
+    key = ConfigKey(namespace, "faults")
+    daemonset = render_daemonset(
+        Owner(key, "00000000-0000-0000-0000-000000000000"),
+        DevicePluginConfigSpec.model_validate({"resourceName": "example.com/faults", "image": "img"}),
+    )
+    daemonset["metadata"]["resourceVersion"] = "1"
+    with pytest.raises(Exception) as absent:
+        asyncio.run(api.get_daemonset(namespace, key.daemonset))
+    assert getattr(absent.value, "status", None) == 404, "the client does not reach the API server through the proxy"
+    assert proxy.accepted == 1
+
+    assert proxy.blackhole(new_connections=True) == 1
+    caplog.set_level(logging.DEBUG, logger="urllib3")
+    requests: list[tuple[str, Callable[[], Awaitable[Any]]]] = [
+        ("read", lambda: api.get_daemonset(namespace, key.daemonset)),  # on the open, now silent, connection
+        ("replace", lambda: api.replace_daemonset(daemonset)),  # on a new one (the silent one was closed)
+        ("status patch", lambda: api.patch_status(key, {"observedGeneration": 1})),
+    ]
+    for what, request in requests:
+        connections, records = proxy.accepted, len(caplog.records)
+        started = time.monotonic()
+        with pytest.raises(Exception) as failed:
+            asyncio.run(request())  # type: ignore[arg-type]
+        elapsed = time.monotonic() - started
+        assert is_transient(failed.value), f"{what}: {failed.value!r} would not be retried by the reconciler"
+        retried = [r.getMessage() for r in caplog.records[records:] if r.levelno >= logging.WARNING]
+        assert retried == [], f"{what}: urllib3 retried it: {retried}"
+        assert proxy.accepted - connections <= 1, f"{what}: {proxy.accepted - connections} connections for one request"
+        assert elapsed < 3 * TIMEOUT, f"{what}: failed after {elapsed:.1f} s, for a {TIMEOUT} s timeout"
