@@ -20,18 +20,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from deviceplane.aio import cancel_and_wait
-from deviceplane.plugin.devices import MAX_MESSAGE_BYTES, DeviceListTooLarge, list_and_watch_message
+from deviceplane.plugin.devices import MAX_MESSAGE_BYTES, DeviceListTooLarge
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.preferred import pack_on_numa
+from deviceplane.plugin.sim_layout import all_unhealthy_message_bytes, numa_layout
 
 log = logging.getLogger("deviceplane.plugin.sim")
 
 NAME = "sim"
 HELP = "simulated devices over NUMA nodes, health steerable at run time"
 # No device takes fewer bytes of a ListAndWatch message (field tag and length, a 5-character id, "Healthy"): more
-# devices can never fit in one, and are refused before a list that long is built. Whether a count fits is the SDK's
-# check on the list itself (with every device unhealthy, the longest form, so that no health change can overflow).
+# devices can never fit in one, and are refused before a list that long is built. Whether a count fits is decided on
+# the size of the list with every device unhealthy, the longest form, so that no health change can overflow
+# (sim_layout.all_unhealthy_message_bytes).
 MIN_DEVICE_BYTES = 18
 MAX_COUNT = MAX_MESSAGE_BYTES // MIN_DEVICE_BYTES
 RPCS = ("Allocate", "GetPreferredAllocation", "PreStartContainer")
@@ -129,11 +131,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pre-start", action="store_true", help="do not ask for PreStartContainer")
 
 
-def numa_layout(count: int, numa: int) -> dict[str, tuple[int, ...]]:
-    """Device id -> NUMA nodes, in contiguous blocks over `numa` nodes (empty tuple when numa == 0)."""
-    return {f"sim-{i}": ((i * numa // count,) if numa else ()) for i in range(count)}
-
-
 FaultMode = Literal["fail", "hang"]
 
 
@@ -186,10 +183,13 @@ class SimPlugin:
         registry_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.numa_of = numa_layout(count, numa)
-        try:
-            list_and_watch_message([Device(i, healthy=False, numa_nodes=n) for i, n in self.numa_of.items()])
-        except DeviceListTooLarge as err:
-            raise DeviceListTooLarge(f"--count {count} --numa {numa}: {err}") from None
+        longest = all_unhealthy_message_bytes(self.numa_of)
+        if longest > MAX_MESSAGE_BYTES:
+            raise DeviceListTooLarge(
+                f"--count {count} --numa {numa}: {count} devices make a {longest}-byte ListAndWatch message when all "
+                f"are unhealthy, over the kubelet's limit of {MAX_MESSAGE_BYTES} bytes (4 MiB, gRPC's default): "
+                "fewer devices"
+            )
         self.health = dict.fromkeys(self.numa_of, True)
         self.calls = CallLog()
         self.faults: dict[str, Fault] = {}

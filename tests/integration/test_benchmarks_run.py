@@ -41,6 +41,7 @@ from tests.support.procs import ROOT, child_env
         ("reads.py", ["--agent", "--rounds", "1", "--held", "20"], "GetAllocatableResources  after a change"),
         ("journal_directory.py", ["--rounds", "1", "--pods", "20"], "the watcher woken per admission"),
         ("write_after_idle.py", ["--rounds", "1", "--writes", "5"], "tight loop of writes (the floor's)  write"),
+        ("sim_start.py", ["--rounds", "1", "--counts", "0,100"], "     100  "),
         (
             "loop_stalls.py",
             ["--reps", "1", "--pods", "8", "--held", "24", "--sustained", "40", "--threshold", "0"],
