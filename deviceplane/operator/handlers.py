@@ -69,6 +69,15 @@ class IndexView:
         return _first(self._index("configmap_index").get((namespace, name)))
 
 
+@dataclass(frozen=True)
+class _Placement:
+    """What of a config decides who keeps which node, besides its selector: its resourceName, and whether (and why)
+    it runs nowhere (from its spec and status)."""
+
+    resource: str
+    idle_cause: IdleCause
+
+
 def node_info(body: Mapping[str, Any]) -> NodeInfo:
     meta, spec = body.get("metadata") or {}, body.get("spec") or {}
     taints = tuple(
@@ -104,10 +113,8 @@ def install(
     nodes = {"version": "v1", "plural": "nodes", "registry": registry}
     pods = {"version": "v1", "plural": "pods", "registry": registry}
     cms = {"version": "v1", "plural": "configmaps", "registry": registry}
-    # Last seen resourceName per config and labels/taints per node: only a change there moves node ownership; so
-    # does a config coming to run nowhere or to run again, or why it runs nowhere (its spec and status say which).
-    resource_of: dict[ConfigKey, str | None] = {}
-    idle_of: dict[ConfigKey, IdleCause] = {}
+    # Last seen placement per config and labels/taints per node: only a change there moves node ownership.
+    placements: dict[ConfigKey, _Placement] = {}
     node_seen: dict[str, NodeInfo] = {}
 
     @kopf.on.login(registry=registry)
@@ -163,22 +170,16 @@ def install(
         key = key_of(body)
         reconciler.seen_config(key, body["metadata"].get("resourceVersion"))
         resource = None if event.get("type") == "DELETED" else (body.get("spec") or {}).get("resourceName")
-        before = resource_of.get(key)
-        idle = idle_cause(body)
-        was_idle = idle_of.get(key, idle)
-        if resource is None:
-            resource_of.pop(key, None)
-            idle_of.pop(key, None)
-        else:
-            resource_of[key] = resource
-            idle_of[key] = idle
+        before = placements.pop(key, None)
+        now = _Placement(resource, idle_cause(body)) if resource is not None else None
+        if now is not None:
+            placements[key] = now
         reconciler.enqueue(key)
-        placement = before != resource or was_idle != idle or _placement_may_change(body)
-        if event.get("type") in (None, "ADDED", "DELETED") or placement:
+        if event.get("type") in (None, "ADDED", "DELETED") or before != now or _placement_may_change(body):
             # Conflicts involve the other configs of the old and new resource.
             reconciler.topology_changed()
-            affected = {before, resource} - {None}
-            reconciler.enqueue_all(k for k, r in resource_of.items() if r in affected)
+            affected = {p.resource for p in (before, now) if p is not None}
+            reconciler.enqueue_all(k for k, p in placements.items() if p.resource in affected)
 
     @kopf.on.event(**nodes)  # type: ignore[arg-type]
     def node_event(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> None:
@@ -191,7 +192,7 @@ def install(
             node_seen[info.name] = info
         if changed and event.get("type") is not None:  # the initial listing is not a change
             reconciler.topology_changed()
-            reconciler.enqueue_all(k for k in resource_of)
+            reconciler.enqueue_all(placements)
 
     @kopf.on.event(**dss, labels=MANAGED)  # type: ignore[arg-type]
     def daemonset_event(body: kopf.Body, **_: Any) -> None:
@@ -203,7 +204,7 @@ def install(
     @kopf.on.event(**pods, labels=MANAGED)  # type: ignore[arg-type]
     def pod_event(body: kopf.Body, **_: Any) -> None:
         key = _owner_key(body)
-        if key is not None and key in resource_of:
+        if key is not None and key in placements:
             reconciler.enqueue(key)
 
     @kopf.on.event(**cms)  # type: ignore[arg-type]
