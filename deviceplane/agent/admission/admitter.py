@@ -159,9 +159,6 @@ class Admitter:
         finally:
             record.waiting("")
 
-    def _tell_waiting(self, record: PodRecord) -> Callable[[list[str]], None]:
-        return lambda missing: record.waiting(self._plugins_back.reason(missing))
-
     async def _allocate(self, pod: Pod) -> PodOutcome:
         steps = admit_pod(self._allocator, pod, self._settings.policy, self._settings.numa_nodes)
         try:
