@@ -24,18 +24,13 @@ from deviceplane.plugin.devices import MAX_MESSAGE_BYTES, DeviceListTooLarge
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec
 from deviceplane.plugin.plugin import DevicePlugin
 from deviceplane.plugin.preferred import pack_on_numa
+from deviceplane.plugin.sim_bounds import COUNT, FAULT_SECONDS, FAULT_TIMES, FLAP_RATE, NON_NEGATIVE, NUMA, PORT
 from deviceplane.plugin.sim_layout import all_unhealthy_message_bytes, numa_layout
 
 log = logging.getLogger("deviceplane.plugin.sim")
 
 NAME = "sim"
 HELP = "simulated devices over NUMA nodes, health steerable at run time"
-# No device takes fewer bytes of a ListAndWatch message (field tag and length, a 5-character id, "Healthy"): more
-# devices can never fit in one, and are refused before a list that long is built. Whether a count fits is decided on
-# the size of the list with every device unhealthy, the longest form, so that no health change can overflow
-# (sim_layout.all_unhealthy_message_bytes).
-MIN_DEVICE_BYTES = 18
-MAX_COUNT = MAX_MESSAGE_BYTES // MIN_DEVICE_BYTES
 RPCS = ("Allocate", "GetPreferredAllocation", "PreStartContainer")
 # Recorded calls kept per RPC: a long-running sim keeps exact counts but only the latest entries (each
 # GetPreferredAllocation entry carries every available ID, so keeping them all grew without bound).
@@ -65,66 +60,33 @@ class CallLog:
         self._counts = dict.fromkeys(RPCS, 0)
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    if value > MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be <= {MAX_COUNT} (a 4 MiB ListAndWatch message), got {value}")
-    return value
-
-
 def non_negative_float(text: str) -> float:
-    """argparse type for a finite number >= 0 (a rate here; the demo's --duration too)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0 or value == float("inf"):  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
-
-
-# Each flip is a snapshot to every ListAndWatch stream: beyond this the sim only spins (a rate of 1e9 slept 1 ns).
-MAX_FLAP_RATE = 1000.0
-# An injected hang longer than a day is a mistake (and NaN, which passed `< 0`, slept for no time at all).
-MAX_FAULT_SECONDS = 86_400.0
-MAX_FAULT_TIMES = 1_000_000
-
-
-def flap_rate(text: str) -> float:
-    value = non_negative_float(text)
-    if value > MAX_FLAP_RATE:
-        raise argparse.ArgumentTypeError(f"must be <= {MAX_FLAP_RATE:g} flips per second, got {text}")
-    return value
-
-
-def check_flap_rate(rate: Any) -> float:
-    """The control endpoint's rate: ValueError (a 400) unless a number in [0, MAX_FLAP_RATE]."""
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= MAX_FLAP_RATE:
-        raise ValueError(f"rate must be a number of flips per second from 0 to {MAX_FLAP_RATE:g}, got {rate!r}")
-    return float(rate)
+    """argparse type for a finite number >= 0 (the demo's --duration)."""
+    return NON_NEGATIVE.parse(text)
 
 
 def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if not sep or not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT (PORT 0 = any free port), got {text!r}")
-    return host, int(port)
+    try:
+        return host, PORT.parse(port)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}: PORT {err}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resource", default="example.com/sim", help="extended resource name [%(default)s]")
-    parser.add_argument("--count", type=_count, default=8, help="number of devices, sim-0..N-1 [%(default)s]")
-    parser.add_argument("--numa", type=_count, default=1, help="NUMA nodes; 0 = no topology [%(default)s]")
+    parser.add_argument("--count", type=COUNT.parse, default=8, help="number of devices, sim-0..N-1 [%(default)s]")
+    parser.add_argument("--numa", type=NUMA.parse, default=1, help="NUMA nodes; 0 = no topology [%(default)s]")
     parser.add_argument(
         "--control", type=_address, metavar="HOST:PORT", help="serve the HTTP control endpoint here (port 0: any)"
     )
     parser.add_argument(
-        "--flap-rate", type=flap_rate, default=0.0, help="random health flips per second, up to 1000 [0 = off]"
+        "--flap-rate",
+        type=FLAP_RATE.parse,
+        default=0.0,
+        help=f"random health flips per second, up to {FLAP_RATE.high:g} [0 = off]",
     )
     parser.add_argument("--seed", type=int, help="seed for --flap-rate (default: random)")
     parser.add_argument("--no-preferred-allocation", action="store_true", help="do not offer GetPreferredAllocation")
@@ -150,15 +112,10 @@ class Fault:
         if not isinstance(data, dict) or data.get("mode") not in ("fail", "hang"):
             raise ValueError('expected {"mode": "fail"|"hang", "message"?, "seconds"?, "times"?}')
         seconds, times, message = data.get("seconds"), data.get("times"), data.get("message", "injected failure")
-        # bool is an int to Python (`true` was 1 time), and NaN compares false with everything.
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds <= MAX_FAULT_SECONDS
-        ):
-            raise ValueError(f"seconds must be a number from 0 to {MAX_FAULT_SECONDS:g}, got {seconds!r}")
-        if times is not None and (
-            isinstance(times, bool) or not isinstance(times, int) or not 1 <= times <= MAX_FAULT_TIMES
-        ):
-            raise ValueError(f"times must be an integer from 1 to {MAX_FAULT_TIMES}, got {times!r}")
+        if seconds is not None:
+            seconds = FAULT_SECONDS.check(seconds)
+        if times is not None:
+            times = FAULT_TIMES.check(times)
         if not isinstance(message, str):
             raise ValueError(f"message must be a string, got {message!r}")
         mode: FaultMode = "fail" if data["mode"] == "fail" else "hang"

@@ -12,7 +12,8 @@
   DELETE /calls                          forget recorded calls
   GET    /faults                         injected faults by RPC
   PUT    /faults/{rpc}  {"mode": "fail"|"hang", "message"?, "seconds"?, "times"?}
-                                         seconds 0 to 86,400, times 1 to 1,000,000; else 400 with the reason
+                                         seconds 0 to 86,400, times 1 to 1,000,000 (sim_bounds); else 400
+                                         with the reason
   DELETE /faults/{rpc}
   PUT    /flap  {"rate": flips_per_second}   0 to 1000
 
@@ -28,7 +29,8 @@ from aiohttp import web
 
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.plugin.plugin import PluginError
-from deviceplane.plugin.sim import RPCS, Fault, SimPlugin, check_flap_rate
+from deviceplane.plugin.sim import RPCS, Fault, SimPlugin
+from deviceplane.plugin.sim_bounds import FLAP_RATE
 
 SIM_KEY = web.AppKey("sim", SimPlugin)
 
@@ -132,9 +134,9 @@ async def delete_fault(request: web.Request) -> web.Response:
 async def put_flap(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if not isinstance(body, dict) or "rate" not in body:
-        raise _http_error(web.HTTPBadRequest, 'expected {"rate": <flips per second, 0 to 1000>}')
+        raise _http_error(web.HTTPBadRequest, f'expected {{"rate": <{FLAP_RATE.described()}>}}')
     try:
-        _sim(request).flap_rate = check_flap_rate(body["rate"])
+        _sim(request).flap_rate = FLAP_RATE.check(body["rate"])
     except ValueError as err:
         raise _http_error(web.HTTPBadRequest, str(err)) from None
     return web.json_response({"ok": True})

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.plugin.devices import MAX_MESSAGE_BYTES, DeviceListTooLarge
 from deviceplane.plugin.models import Device
-from deviceplane.plugin.sim import MAX_COUNT, SimPlugin
+from deviceplane.plugin.sim import SimPlugin
+from deviceplane.plugin.sim_bounds import MAX_COUNT
 from deviceplane.plugin.sim_layout import all_unhealthy_message_bytes, numa_layout
 
 # Counts crossing the id lengths' steps (sim-9 / sim-10 ...); NUMA node counts up to the largest accepted, so that node
