@@ -23,6 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from deviceplane.agent.kube.errors import KubeError, ResourceExpired
+from deviceplane.kube_client_config import client_configuration
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -57,11 +58,7 @@ _iter_resp_lines: Callable[[Any], Iterator[str]] = iter_resp_lines
 
 def api_client(kubeconfig: Path | None) -> k8s.ApiClient:
     """A client from `kubeconfig`, or the in-cluster ServiceAccount (token re-read as the kubelet rotates it)."""
-    configuration = k8s.Configuration()
-    # urllib3 retries nothing: it retried each failed request 3 times, each with a WARNING, and against a server
-    # that drops packets waited 4 connect timeouts before the caller's own backoff (backoff.py) started. That
-    # backoff is the one retry. (Read before the client is made: the connection pool takes it then.)
-    configuration.retries = False
+    configuration = client_configuration()  # urllib3 retries nothing: backoff.py is the one retry
     try:
         if kubeconfig is not None:
             return _new_client_from_config(
