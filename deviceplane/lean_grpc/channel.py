@@ -178,6 +178,13 @@ class Channel:
             loop.create_unix_connection(lambda: Connection(self._max_message, self._lost, self._handshake), self.path),
             DIAL_TIMEOUT_SECONDS,
         )
+        # Taken here, as the dial ends, not in its done-callback (which the loop runs on a later turn): a call that
+        # comes in between must find it. It found none and awaited the finished dial again and again, never letting
+        # the loop turn: the agent froze (seen in tests/e2e/test_proxy.py's kill -9 test).
+        # A connection this one replaces is draining (GOAWAY, or its stream ids used up): its calls in flight finish
+        # there, and it closes itself after the last (Connection._finish).
+        if not self._closed:
+            self._connection = connection
         return connection
 
     def _dialled(self, task: asyncio.Task[Connection]) -> None:
@@ -188,13 +195,8 @@ class Channel:
         error = task.exception()
         if error is not None:
             return  # the waiting callers have it (retrieved here too, so an abandoned dial logs nothing)
-        connection = task.result()
         if self._closed:
-            connection.close(_closed_error())
-            return
-        # A connection this one replaces is draining (GOAWAY, or its stream ids used up): its calls in flight finish
-        # there, and it closes itself after the last (Connection._finish).
-        self._connection = connection
+            task.result().close(_closed_error())
 
     def _handshake(self) -> None:
         self.connected_once = True

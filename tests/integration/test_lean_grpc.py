@@ -298,3 +298,42 @@ async def test_close_fails_what_is_in_flight_and_leaves_nothing_behind(peer: Pee
     await asyncio.sleep(0.05)  # the transport's close callbacks
     assert asyncio.all_tasks() - tasks_before <= {asyncio.current_task()}
     assert len(os.listdir("/proc/self/fd")) == fds_before
+
+
+# A call that starts in the loop pass in which a dial finished, before that dial's done-callbacks ran. The dial is
+# wrapped to start it exactly then (a kubelet's Allocate arriving at that moment did so in tests/e2e/test_proxy.py);
+# a client in a process of its own, since a frozen event loop cannot time itself out.
+CALL_AS_THE_DIAL_ENDS = """
+import asyncio, sys
+from deviceplane.lean_grpc import Channel
+
+async def main() -> None:
+    channel = Channel(sys.argv[1])
+    loop = asyncio.get_running_loop()
+    second = []
+    dial = channel._dial
+
+    async def dial_then_call():
+        connection = await dial()
+        # Runs before the dial's callbacks; no deadline, as the kubelet's Allocate.
+        second.append(loop.create_task(channel.unary("/peer.Test/Echo", b"second")))
+        return connection
+
+    channel._dial = dial_then_call
+    assert await channel.unary("/peer.Test/Echo", b"first", 5) == b"first"
+    assert await second[0] == b"second"
+    await channel.close()
+
+asyncio.run(main())
+"""
+
+
+def test_a_call_starting_as_a_dial_ends_uses_its_connection(peer: Peer) -> None:
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CALL_AS_THE_DIAL_ENDS, str(peer.socket)],
+            cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("the client's event loop froze: the call kept awaiting the finished dial")
+    assert done.returncode == 0, done.stderr
