@@ -468,6 +468,42 @@ def test_a_pod_admitted_as_soon_as_an_upgraded_plugins_devices_show_gets_its_new
         wait_for("version 2 gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
 
 
+def connections_to(socket: Path) -> int:
+    """Connected unix sockets on the server side of `socket` (from /proc/net/unix): the clients it has now."""
+    connected = "03"  # SS_CONNECTED
+    rows = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if len(row) == 8 and row[5] == connected and row[7].endswith(str(socket)))
+
+
+def test_plugin_options_changes_leave_the_kubelet_one_client_of_the_endpoint(
+    kubelet_harness, deviceplane_agent, procs, short_tmp
+) -> None:
+    """A plugin that re-registers with the kubelet directly after an upgrade leaves no client behind: its old process
+    and socket are gone. The proxy's endpoint stays, and the kubelet keeps a client it replaces (reading its stream,
+    every update applied once more) for as long as that stream stays open: each options change must not add one."""
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    endpoint = kubelet_dir / endpoint_name(SIM, kubelet_dir)
+    watched = [h.proc, agent.proc]
+    plugin, _ = start_sim_version(procs, agent.plugin_dir)
+    wait_for("first version up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, plugin])
+    assert connections_to(endpoint) == 1
+    for version in range(3):  # alternately without and with PreStartContainer
+        procs.stop(plugin)
+        wait_for("gone", lambda: counts(h, SIM)[1] == 0, procs=watched)
+        plugin, control = start_sim_version(procs, agent.plugin_dir, *(("--no-pre-start",) if version % 2 == 0 else ()))
+        wait_for("next version up", lambda: counts(h, SIM) == (2, 2), procs=[*watched, plugin])
+        # The kubelet's replaced client has closed its connection (it does so once its stream has ended).
+        wait_for("one client of the endpoint", lambda: connections_to(endpoint) == 1, procs=watched, timeout=5)
+    # The client the kubelet kept is the newest: it allocates, with the options of the last version.
+    admit_app(h, "after-changes", SIM, 1)
+    assert int(http_json(control + "/calls")["counts"].get("PreStartContainer", 0)) == 0  # --no-pre-start: none
+    time.sleep(1.0)  # a late disconnect of the newest client (kubernetes#121994) would show here
+    assert counts(h, SIM) == (2, 2)
+    assert admit_app(h, "after-changes-2", SIM, 1)["containers"][0]["devices"][SIM]
+
+
 # ---- the harness's PodResources server (the kubelet's own) -------------------------------------------------------
 
 

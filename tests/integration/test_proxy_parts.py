@@ -55,6 +55,29 @@ async def test_feed_streams_primary_then_all_unhealthy_then_the_new_plugin() -> 
     assert seen == [first, message(("a", "Unhealthy"), ("b", "Unhealthy")), second]
 
 
+async def test_feed_end_streams_ends_the_streams_following_and_no_later_one() -> None:
+    feed = SnapshotFeed()
+    feed.show(message(("a", "Healthy")), connected=True)
+
+    async def received(count: int) -> list[bytes]:
+        got = []
+        async for wire in feed.follow():
+            got.append(wire)
+            if len(got) == count:
+                break
+        return got
+
+    old = asyncio.create_task(received(2))
+    await asyncio.sleep(0.01)
+    feed.end_streams()
+    assert len(await asyncio.wait_for(old, 1)) == 1  # ended after the one snapshot it had
+    later = asyncio.create_task(received(2))
+    await asyncio.sleep(0.01)
+    feed.show(message(("a", "Unhealthy")), connected=True)
+    assert len(await asyncio.wait_for(later, 1)) == 2  # a stream started after it follows as usual
+    feed.close()
+
+
 async def test_feed_gives_a_slow_reader_only_the_newest_snapshot() -> None:
     feed = SnapshotFeed()
     for n in range(5):

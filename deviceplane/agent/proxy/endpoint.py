@@ -60,8 +60,12 @@ class ProxyEndpoint:
         self._server: grpc.aio.Server | None = None
         self._identity: SocketIdentity | None = None
         # The kubelet.sock (identity) this endpoint is registered with, and the options it was registered with (the
-        # kubelet asks for them only then); None until registered, and after re-serving.
+        # kubelet asks for them only then); None until registered, after re-serving, and once withdrawn.
         self._registered_with: tuple[SocketIdentity, PluginOptions] | None = None
+        # The options of the last registration on this socket: what the kubelet believes until it registers again
+        # (kept when withdrawn: the kubelet's client may still be there).
+        self._told: PluginOptions | None = None
+        self.withdrawn = False  # its registration given up, so that the kubelet drops its client before a new one
 
     @property
     def serving(self) -> bool:
@@ -71,9 +75,14 @@ class ProxyEndpoint:
         return self._registered_with == (kubelet, options)
 
     @property
-    def registered_options(self) -> PluginOptions | None:
-        """The options the kubelet was told at this endpoint's last registration; None when not registered."""
-        return self._registered_with[1] if self._registered_with is not None else None
+    def told_options(self) -> PluginOptions | None:
+        """The options the kubelet was told at this socket's last registration; None when not registered on it."""
+        return self._told
+
+    def withdraw(self) -> None:
+        """Registration due again (the caller ended the kubelet's streams so that it drops its client)."""
+        self._registered_with = None
+        self.withdrawn = True
 
     async def ensure_serving(self) -> bool:
         """Serve on the socket; when the socket is gone or replaced (the kubelet deletes every socket in its
@@ -90,6 +99,8 @@ class ProxyEndpoint:
         self._server = server
         self._identity = socket_identity(self.socket_path)
         self._registered_with = None
+        self._told = None
+        self.withdrawn = False
         return True
 
     async def register(
@@ -111,6 +122,8 @@ class ProxyEndpoint:
             await registration_stub(channel).Register(request, timeout=timeout)
         if self._server is serving:  # served anew meanwhile: the kubelet may have lost this registration
             self._registered_with = (kubelet, options)
+            self._told = options
+            self.withdrawn = False
 
     async def _stop_server(self) -> None:
         if self._server is not None:

@@ -32,6 +32,7 @@ class SnapshotFeed:
         self._version = 0
         self._changed = asyncio.Event()
         self._closed = False
+        self._streams_ended = 0  # bumped by end_streams: the streams following before it end
         self._inputs: tuple[pb.ListAndWatchResponse | None, bool] | None = None
 
     @property
@@ -68,10 +69,17 @@ class SnapshotFeed:
         self._closed = True
         self._changed.set()
 
+    def end_streams(self) -> None:
+        """End the streams following now, as a plugin's ending would; streams that start later follow as usual."""
+        self._streams_ended += 1
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     async def follow(self) -> AsyncIterator[bytes]:
-        """The current snapshot (once there is one), then every newer one, until closed."""
+        """The current snapshot (once there is one), then every newer one, until closed or ended."""
         seen = 0
-        while not self._closed:
+        generation = self._streams_ended
+        while not self._closed and self._streams_ended == generation:
             changed = self._changed
             if self._version > seen:
                 seen = self._version

@@ -41,6 +41,10 @@ log = logging.getLogger("deviceplane.agent.proxy")
 TICK_SECONDS = 0.1  # how fast a kubelet restart is noticed (re-registration within 1 s)
 REGISTER_TIMEOUT_SECONDS = 10.0
 REGISTER_RETRY_SECONDS = 0.5
+# Between ending the kubelet's streams of an endpoint and registering it again with other options: the kubelet drops
+# its client when the stream ends (in a goroutine of its own, at once); a registration before that would be the client
+# it drops (kubernetes#121994).
+CLIENT_DROP_SECONDS = 1.0
 
 
 class ProxyConnector:
@@ -131,7 +135,7 @@ class ProxyService:
         a plugin replaced by one with other options (now needing PreStartContainer) stays shown as disconnected (its
         devices unhealthy) until the endpoint is registered again, so no pod is admitted under the old options."""
         endpoint = self._endpoints.get(resource)
-        told = endpoint.registered_options if endpoint is not None else None
+        told = endpoint.told_options if endpoint is not None else None
         return told is None or told == (self.options(resource) or PluginOptions())
 
     def connected_plugins(self) -> dict[str, str]:
@@ -195,7 +199,7 @@ class ProxyService:
             return  # the kubelet is not (yet) serving; its socket's appearance triggers registration
         for name, endpoint in self._endpoints.items():
             options = self.options(name) or PluginOptions()
-            if self._registration_due(name, endpoint, kubelet, options):
+            if self._registration_due(name, endpoint, kubelet, options) and not self._ending_old_client(name, options):
                 self._start_registration(name, endpoint, kubelet, options)
 
     def _registration_due(
@@ -208,6 +212,22 @@ class ProxyService:
             and not endpoint.registered_with(kubelet, options)
             and self._clock() >= self._retry_at.get(name, 0.0)
         )
+
+    def _ending_old_client(self, name: str, options: PluginOptions) -> bool:
+        """Before the endpoint registers again with other options, the kubelet's client for it ends, as when a plugin
+        it knew directly goes away: the kubelet replaces a client without closing it and reads its stream for as long
+        as it stays open (one more connection and stream, and one more update of every device, per re-registration),
+        and a stream of a replaced client that ends disconnects the newer one (kubernetes#121994). True while the
+        registration must wait for that."""
+        endpoint = self._endpoints[name]
+        told = endpoint.told_options
+        if told is None or told == options or endpoint.withdrawn:
+            return False
+        self._feeds[name].end_streams()
+        endpoint.withdraw()
+        self._retry_at[name] = self._clock() + CLIENT_DROP_SECONDS
+        log.info("ending the kubelet's client before registering new options", extra={"resource": name})
+        return True
 
     def _start_registration(
         self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity, options: PluginOptions
