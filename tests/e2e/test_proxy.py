@@ -359,6 +359,33 @@ def test_harness_restart_reregisters_every_resource_within_1s(
     assert admit_app(h2, "after", SAMPLE, 2)["containers"][0]["runOptions"]["mounts"]
 
 
+def test_harness_restart_while_the_plugin_is_away_shows_what_direct_registration_shows(
+    kubelet_harness, deviceplane_agent, procs, short_tmp
+) -> None:
+    """The kubelet restarts while a plugin is away: directly, the plugin is not there to register, and the kubelet
+    shows the resource from its checkpoint (0 devices) until the plugin is back. The proxy must not register its
+    endpoint for it meanwhile (that showed the last devices, all unhealthy, in the Node's capacity)."""
+    direct = kubelet_harness(short_tmp("kha"))
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    plugins = [start_sim(procs, direct.socket_dir)[0], start_sim(procs, agent.plugin_dir)[0]]
+    both_up = lambda: counts(direct, SIM) == counts(proxied, SIM) == (4, 4)  # noqa: E731
+    wait_for("both up", both_up, procs=[direct.proc, proxied.proc, agent.proc, *plugins])
+    for plugin in plugins:
+        procs.stop(plugin)
+    wait_for("both away", lambda: counts(direct, SIM)[1] == counts(proxied, SIM)[1] == 0, procs=[agent.proc])
+    procs.stop(direct.proc)
+    procs.stop(proxied.proc)
+    direct = kubelet_harness(direct.socket_dir)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    time.sleep(1.0)  # the proxy re-registers within 1 s of a kubelet restart
+    assert counts(proxied, SIM) == counts(direct, SIM) == (0, 0)
+    plugins = [start_sim(procs, direct.socket_dir)[0], start_sim(procs, agent.plugin_dir)[0]]
+    wait_for("both back", both_up, procs=[direct.proc, proxied.proc, agent.proc, *plugins])
+    assert admit_app(proxied, "after", SIM, 1)["containers"][0]["devices"][SIM]
+
+
 # ---- the DaemonSet ----------------------------------------------------------------------------------------------
 
 

@@ -205,9 +205,15 @@ class ProxyService:
     def _registration_due(
         self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity, options: PluginOptions
     ) -> bool:
-        """Served, not registered with this kubelet.sock and these options, none in flight, not waiting to retry."""
+        """Served, not registered with this kubelet.sock and these options, none in flight, not waiting to retry, and
+        its plugin connected: a kubelet that restarted while the plugin is away knows the resource from its checkpoint
+        (no devices, deleted after its grace period) until the plugin is back, as when the plugin registers with it
+        directly."""
+        state = self._registry.resource(name)
         return (
-            endpoint.serving
+            state is not None
+            and state.connected
+            and endpoint.serving
             and name not in self._registering
             and not endpoint.registered_with(kubelet, options)
             and self._clock() >= self._retry_at.get(name, 0.0)
