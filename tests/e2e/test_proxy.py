@@ -386,6 +386,45 @@ def test_harness_restart_while_the_plugin_is_away_shows_what_direct_registration
     assert admit_app(proxied, "after", SIM, 1)["containers"][0]["devices"][SIM]
 
 
+# 78,000 generic-device-plugin devices (ids of 40 hex digits, no topology): 53 bytes each in a ListAndWatch message,
+# 55 once "Healthy" reads "Unhealthy". Their list (4,134,000 bytes) fits the kubelet's 4 MiB limit; all unhealthy
+# (4,290,000 bytes) it does not.
+NEAR_LIMIT_DEVICES = 78_000
+
+
+def start_generic(k8s_bin: Path, procs: Procs, plugin_dir: Path, count: int) -> Proc:
+    devices = json.dumps({"name": "null", "groups": [{"count": count, "paths": [{"path": "/dev/null"}]}]})
+    argv = [
+        str(k8s_bin / "generic-device-plugin"), "--plugin-directory", str(plugin_dir), "--domain", "squat.ai",
+        "--listen", f"127.0.0.1:{free_port()}", "--device", devices,
+    ]  # fmt: skip
+    return procs.start("generic-device-plugin", argv)
+
+
+def test_an_endpoint_the_kubelet_dropped_is_registered_again_as_a_plugin_would(
+    kubelet_harness, k8s_bin, deviceplane_agent, procs, short_tmp
+) -> None:
+    """The kubelet ends a plugin's stream itself when it refuses a message, and never dials back: a plugin
+    registered directly comes back by registering again. Here the proxy's all-unhealthy list while the plugin
+    restarts is the message refused (larger than the list the plugin sent); once the plugin is back, the resource
+    must come back too, as it does directly."""
+    n = NEAR_LIMIT_DEVICES
+    direct = kubelet_harness(short_tmp("kha"))
+    kubelet_dir, pod_resources = kubelet_side(short_tmp)
+    proxied = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
+    agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
+    watched = [direct.proc, proxied.proc, agent.proc]
+    both_up = lambda: counts(direct, NULL) == counts(proxied, NULL) == (n, n)  # noqa: E731
+    plugins = [start_generic(k8s_bin, procs, d, n) for d in (direct.socket_dir, agent.plugin_dir)]
+    wait_for("both up", both_up, procs=[*watched, *plugins], timeout=60)
+    for plugin in plugins:
+        procs.stop(plugin)
+    wait_for("both away", lambda: counts(direct, NULL)[1] == counts(proxied, NULL)[1] == 0, procs=watched)
+    assert "received message larger than max" in proxied.proc.log.read_text(errors="replace")  # the kubelet's drop
+    plugins = [start_generic(k8s_bin, procs, d, n) for d in (direct.socket_dir, agent.plugin_dir)]
+    wait_for("both back", both_up, procs=[*watched, *plugins], timeout=30)
+
+
 # ---- the DaemonSet ----------------------------------------------------------------------------------------------
 
 

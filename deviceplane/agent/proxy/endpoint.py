@@ -74,6 +74,9 @@ class ProxyEndpoint:
     def registered_with(self, kubelet: SocketIdentity, options: PluginOptions) -> bool:
         return self._registered_with == (kubelet, options)
 
+    def registered_with_kubelet(self, kubelet: SocketIdentity) -> bool:
+        return self._registered_with is not None and self._registered_with[0] == kubelet
+
     @property
     def told_options(self) -> PluginOptions | None:
         """The options the kubelet was told at this socket's last registration; None when not registered on it."""

@@ -50,6 +50,7 @@ class ResourceForwarder:
         options: Callable[[str], PluginOptions | None],
         on_call: Callable[[ForwardedCall], None],
         in_flight: InFlight,
+        on_streams_dropped: Callable[[str], None] = lambda _resource: None,
     ) -> None:
         self._resource = resource
         self._feed = feed
@@ -57,6 +58,9 @@ class ResourceForwarder:
         self._options = options
         self._on_call = on_call
         self._in_flight = in_flight
+        # Told when the kubelet ended the last of its streams itself (the feed did not end it).
+        self._on_streams_dropped = on_streams_dropped
+        self._streams = 0
 
     def handler(self) -> grpc.GenericRpcHandler[bytes, bytes]:
         # No (de)serializers: handlers get and return wire bytes.
@@ -108,5 +112,13 @@ class ResourceForwarder:
 
     async def _list_and_watch(self, _request: bytes, _context: Context) -> AsyncIterator[bytes]:
         log.info("kubelet follows ListAndWatch", extra={"resource": self._resource})
-        async for wire in self._feed.follow():
-            yield wire
+        self._streams += 1
+        ended_by_feed = False
+        try:
+            async for wire in self._feed.follow():
+                yield wire
+            ended_by_feed = True
+        finally:
+            self._streams -= 1
+            if not ended_by_feed and self._streams == 0:
+                self._on_streams_dropped(self._resource)

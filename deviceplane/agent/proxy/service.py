@@ -20,6 +20,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -45,6 +46,21 @@ REGISTER_RETRY_SECONDS = 0.5
 # its client when the stream ends (in a goroutine of its own, at once); a registration before that would be the client
 # it drops (kubernetes#121994).
 CLIENT_DROP_SECONDS = 1.0
+# A kubelet that keeps dropping an endpoint (it refuses every message) is registered with again after twice the pause
+# each time, up to this; a drop this long after the previous one starts from CLIENT_DROP_SECONDS again.
+MAX_DROP_PAUSE_SECONDS = 30.0
+DROPS_FORGOTTEN_AFTER_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """The kubelet (its socket's identity) ended its last stream of an endpoint, the count-th time in a row, at `at`:
+    no registration with that kubelet before `pause_until`."""
+
+    kubelet: SocketIdentity
+    count: int
+    at: float
+    pause_until: float
 
 
 class ProxyConnector:
@@ -106,6 +122,7 @@ class ProxyService:
         self._retry_at: dict[str, float] = {}
         self._registering: dict[str, asyncio.Task[None]] = {}  # at most one registration in flight per resource
         self._errors: dict[str, tuple[str, str]] = {}  # the last failure logged per resource
+        self._drops: dict[str, Drop] = {}  # the last time the kubelet dropped an endpoint
 
     # -- what the kubelet sees ----------------------------------------------------------------------------------------
 
@@ -210,9 +227,11 @@ class ProxyService:
         (no devices, deleted after its grace period) until the plugin is back, as when the plugin registers with it
         directly."""
         state = self._registry.resource(name)
+        drop = self._drops.get(name)
         return (
             state is not None
             and state.connected
+            and (drop is None or drop.kubelet != kubelet or self._clock() >= drop.pause_until)
             and endpoint.serving
             and name not in self._registering
             and not endpoint.registered_with(kubelet, options)
@@ -234,6 +253,24 @@ class ProxyService:
         self._retry_at[name] = self._clock() + CLIENT_DROP_SECONDS
         log.info("ending the kubelet's client before registering new options", extra={"resource": name})
         return True
+
+    def _kubelet_dropped(self, name: str) -> None:
+        """The kubelet ended its last stream of the endpoint itself (it refused a message, say) and so disconnected
+        the resource; it never dials back. A plugin it knew directly would register again (deviceplane's SDK does):
+        so does the endpoint, after the kubelet dropped its client, with a growing pause while the kubelet keeps
+        dropping it. A kubelet that went away (its socket gone or replaced) needs nothing: its successor is
+        registered with anyway."""
+        endpoint = self._endpoints.get(name)
+        kubelet = kubelet_socket_identity(self._kubelet_socket)
+        if endpoint is None or kubelet is None or not endpoint.registered_with_kubelet(kubelet):
+            return
+        now = self._clock()
+        previous = self._drops.get(name)
+        count = previous.count + 1 if previous is not None and now - previous.at < DROPS_FORGOTTEN_AFTER_SECONDS else 1
+        pause = min(CLIENT_DROP_SECONDS * 2 ** (count - 1), MAX_DROP_PAUSE_SECONDS)
+        self._drops[name] = Drop(kubelet, count, now, now + pause)
+        endpoint.withdraw()
+        log.warning("the kubelet dropped the proxy endpoint; registering again", extra={"resource": name})
 
     def _start_registration(
         self, name: str, endpoint: ProxyEndpoint, kubelet: SocketIdentity, options: PluginOptions
@@ -275,7 +312,9 @@ class ProxyService:
 
     def _add(self, name: str) -> ProxyEndpoint:
         feed = self._feeds[name] = SnapshotFeed()
-        forwarder = ResourceForwarder(name, feed, self.plugin, self.options, self._on_call, self._in_flight)
+        forwarder = ResourceForwarder(
+            name, feed, self.plugin, self.options, self._on_call, self._in_flight, self._kubelet_dropped
+        )
         endpoint = self._endpoints[name] = ProxyEndpoint(name, self._kubelet_dir, forwarder.handler())
         return endpoint
 
@@ -289,6 +328,7 @@ class ProxyService:
             await cancel_and_wait([registering])
         self._retry_at.pop(name, None)
         self._errors.pop(name, None)
+        self._drops.pop(name, None)
         if endpoint is not None:
             with contextlib.suppress(Exception):
                 await endpoint.close()
