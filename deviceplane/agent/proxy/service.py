@@ -2,11 +2,13 @@
 kept registered with the kubelet across restarts on every side, and the kubelet's ownership view.
 
 - Kubelet restart: it deletes every socket in its directory and re-creates `kubelet.sock`. A tick notices (both the
-  proxy socket and kubelet.sock have new identities), serves the socket again and registers every resource.
+  proxy socket and kubelet.sock have new identities), serves the socket again and registers every resource whose
+  plugin is connected (the others once their plugin is back, as with direct registration).
 - Plugin restart: the plugin re-registers with the agent; its new connection becomes the resource's primary and
   its first message replaces the old one in the feed. The kubelet's stream never ends, so it never disconnects.
-  When the new plugin's options differ (e.g. it now needs PreStartContainer), the endpoint is registered again:
-  the kubelet asks a plugin's options only when it registers.
+  When the new plugin's options differ (e.g. it now needs PreStartContainer), the kubelet's stream ends and the
+  endpoint is registered again: the kubelet asks a plugin's options only when it registers; its devices wait for it.
+- The kubelet drops an endpoint (it refused a message): registered again, as a plugin registered directly would.
 - Agent restart: stale proxy sockets are removed; plugins re-register (the agent re-created its kubelet.sock), and
   each resource is proxied and registered again. The kubelet's checkpoint keeps what it allocated.
 """
