@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import kopf
 
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog, loop_watchdog
+from deviceplane.operator.configmaps import ConfigMapHashes
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.metrics import OperatorMetrics
@@ -91,7 +92,7 @@ def operator_metrics(options: OperatorOptions) -> tuple[OperatorMetrics, LoopWat
 
 def build(options: OperatorOptions) -> Operator:
     api = KubeApi(load_client(options.kubeconfig))
-    view = IndexView()
+    view = IndexView(ConfigMapHashes(api.find_configmap))
     metrics, watchdog = operator_metrics(options)
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
     metrics.track_configs(lambda: list(reconciler.statuses.values()))

@@ -17,10 +17,10 @@ from deviceplane.api import dpc
 from deviceplane.debug_faults import install_block_signal
 from deviceplane.loop_watchdog import LoopWatchdog
 from deviceplane.operator import names
+from deviceplane.operator.configmaps import ConfigMapHashes
 from deviceplane.operator.conflicts import IdleCause, NodeInfo, Taint
 from deviceplane.operator.names import ConfigKey
 from deviceplane.operator.reconciler import Reconciler, key_of
-from deviceplane.operator.render import configmap_hash
 from deviceplane.operator.status import PodProblem, idle_cause, pod_problem
 
 MANAGED = {names.MANAGED_BY_LABEL: names.MANAGED_BY}  # the label selector of what we create
@@ -43,6 +43,7 @@ def _first(store: Any) -> Any:
 class IndexView:
     """ClusterView over kopf's indexes (bound at startup; kopf fills them before any event handler runs)."""
 
+    configmaps: ConfigMapHashes
     indices: Mapping[str, Any] = field(default_factory=dict)
 
     def _index(self, name: str) -> Any:
@@ -65,8 +66,12 @@ class IndexView:
     def pod_problems(self, key: ConfigKey) -> Iterable[PodProblem]:
         return [p for p in self._index("pod_index").get(key) or () if p is not None]
 
-    def configmap_hash(self, namespace: str, name: str) -> str | None:
-        return _first(self._index("configmap_index").get((namespace, name)))
+    async def configmap_hash(self, namespace: str, name: str) -> str | None:
+        return await self.configmaps.hash(namespace, name)
+
+    def configmap_referrers(self, namespace: str, name: str) -> list[ConfigKey]:
+        """The configs whose configMapRef names this ConfigMap."""
+        return list(self._index("configmap_refs").get((namespace, name)) or ())
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ def install(
     @kopf.on.startup(registry=registry)
     async def start(memo: kopf.Memo, **kwargs: Any) -> None:
         view.indices = {
-            k: kwargs[k] for k in ("dpc_index", "node_index", "daemonset_index", "pod_index", "configmap_index")
+            k: kwargs[k] for k in ("dpc_index", "node_index", "daemonset_index", "pod_index", "configmap_refs")
         }
         memo["reconciler_task"] = asyncio.create_task(reconciler.run(), name="reconciler")
         if watchdog is not None:
@@ -161,9 +166,11 @@ def install(
         key = _owner_key(body)
         return {key: pod_problem(body)} if key else {}
 
-    @kopf.index(**cms, id="configmap_index")  # type: ignore[arg-type]
-    def configmap_index(body: kopf.Body, namespace: str, name: str, **_: Any) -> dict[tuple[str, str], str]:
-        return {(namespace, name): configmap_hash(body.get("data"), body.get("binaryData"))}
+    @kopf.index(**dpcs, id="configmap_refs")  # type: ignore[arg-type]
+    def configmap_refs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ConfigKey]:
+        key = key_of(body)
+        ref = (body.get("spec") or {}).get("configMapRef") or {}
+        return {(key.namespace, ref["name"]): key} if ref.get("name") else {}
 
     @kopf.on.event(**dpcs)  # type: ignore[arg-type]
     def config_event(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> None:
@@ -207,12 +214,13 @@ def install(
         if key is not None and key in placements:
             reconciler.enqueue(key)
 
+    # Not an index: kopf would keep a readiness toggle per ConfigMap in the cluster (see operator/configmaps.py).
     @kopf.on.event(**cms)  # type: ignore[arg-type]
-    def configmap_event(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
-        for config in view.configs():
-            ref = (config.get("spec") or {}).get("configMapRef") or {}
-            if ref.get("name") == name and config["metadata"]["namespace"] == namespace:
-                reconciler.enqueue(key_of(config))
+    def configmap_event(body: kopf.Body, event: Mapping[str, Any], namespace: str, name: str, **_: Any) -> None:
+        referrers = view.configmap_referrers(namespace, name)
+        gone = event.get("type") == "DELETED"
+        view.configmaps.observed(namespace, name, None if gone else body, referenced=bool(referrers))
+        reconciler.enqueue_all(referrers)
 
 
 def _placement_may_change(body: Mapping[str, Any]) -> bool:

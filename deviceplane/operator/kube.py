@@ -54,6 +54,15 @@ class KubeApi:
         meta = body["metadata"]
         return await self._json(self._apps.replace_namespaced_daemon_set, meta["name"], meta["namespace"], body)
 
+    async def find_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One ConfigMap, None if it does not exist: a list by name (the RBAC grants list, not get, on ConfigMaps)."""
+        answer = await self._json(
+            lambda ns, **kw: self._core.list_namespaced_config_map(ns, field_selector=f"metadata.name={name}", **kw),
+            namespace,
+        )
+        items = answer.get("items") or []
+        return dict(items[0]) if items else None
+
     async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
         """core/v1 Events in a namespace matching a field selector (e.g. one object's FailedCreate events)."""
         answer = await self._json(

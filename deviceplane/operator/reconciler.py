@@ -49,7 +49,7 @@ class ClusterView(Protocol):
     def nodes(self) -> Iterable[conflict_rules.NodeInfo]: ...
     def daemonset(self, key: ConfigKey) -> Mapping[str, Any] | None: ...
     def pod_problems(self, key: ConfigKey) -> Iterable[PodProblem]: ...
-    def configmap_hash(self, namespace: str, name: str) -> str | None: ...
+    async def configmap_hash(self, namespace: str, name: str) -> str | None: ...
 
 
 def key_of(body: Mapping[str, Any]) -> ConfigKey:
@@ -303,7 +303,7 @@ class Reconciler:
             return _Outcome("unchanged")  # the cache is older than our last write; its watch event brings us back
 
         resolution = self._resolve().get(key, conflict_rules.Resolution(frozenset(), ()))
-        config_hash, problem = self._config_hash(key, spec, live)
+        config_hash, problem = await self._config_hash(key, spec, live)
         uid = str(meta["uid"])
         rendered = render_daemonset(Owner(key, uid), spec, config_hash=config_hash, excluded_nodes=resolution.excluded)
         applied = _Applied(live)
@@ -388,13 +388,13 @@ class Reconciler:
         latest = max(events, key=_event_time)
         return str(latest.get("message") or "")
 
-    def _config_hash(
+    async def _config_hash(
         self, key: ConfigKey, spec: DevicePluginConfigSpec, live: Mapping[str, Any] | None
     ) -> tuple[str | None, tuple[str, str] | None]:
         """The referenced ConfigMap's content hash for the pod template, and a problem when it is missing."""
         if spec.configMapRef is None:
             return None, None
-        found = self._view.configmap_hash(key.namespace, spec.configMapRef.name)
+        found = await self._view.configmap_hash(key.namespace, spec.configMapRef.name)
         if found is not None:
             return found, None
         problem = ("ConfigMapMissing", f"ConfigMap {key.namespace}/{spec.configMapRef.name} not found")

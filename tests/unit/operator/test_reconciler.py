@@ -93,7 +93,7 @@ class FakeView:
     def pod_problems(self, key: ConfigKey) -> list[Any]:
         return []
 
-    def configmap_hash(self, namespace: str, name: str) -> str | None:
+    async def configmap_hash(self, namespace: str, name: str) -> str | None:
         return self.cm_hash
 
 
