@@ -84,10 +84,17 @@ class ProxyConnector:
 
         client = PluginClient(resource, socket_path, on_message=record)
         ref.append(weakref.ref(client))
-        made = self._made.setdefault((resource, socket_path), [])
-        made[:] = [r for r in made if (c := r()) is not None and not c.closed]
-        made.append(ref[0])
+        self._forget_closed()
+        self._made.setdefault((resource, socket_path), []).append(ref[0])
         return client
+
+    def _forget_closed(self) -> None:
+        """Drop closed and collected connections, and the sockets left with none: a plugin that restarts under a new
+        socket name each time (its pid in the name) would otherwise leave an entry per restart."""
+        for key, made in list(self._made.items()):
+            made[:] = [r for r in made if (c := r()) is not None and not c.closed]
+            if not made:
+                del self._made[key]
 
     def current(self, resource: str, socket_path: str) -> PluginClient | None:
         for ref in reversed(self._made.get((resource, socket_path), [])):
