@@ -132,6 +132,10 @@ class ProxyService:
         self._registering: dict[str, asyncio.Task[None]] = {}  # at most one registration in flight per resource
         self._errors: dict[str, tuple[str, str]] = {}  # the last failure logged per resource
         self._drops: dict[str, Drop] = {}  # the last time the kubelet dropped an endpoint
+        self._registered_seen: frozenset[str] = frozenset()
+        # Bumped when the set of endpoints registered with the kubelet changes (seen each tick), so that a NodeDevices
+        # publisher knows to write again.
+        self.registrations_generation = 0
 
     # -- what the kubelet sees ----------------------------------------------------------------------------------------
 
@@ -163,6 +167,22 @@ class ProxyService:
         endpoint = self._endpoints.get(resource)
         told = endpoint.told_options if endpoint is not None else None
         return told is None or told == (self.options(resource) or PluginOptions())
+
+    def kubelet_registered(self, resource: str) -> bool | None:
+        """Whether the resource's endpoint is registered with the kubelet serving kubelet.sock now; None for a
+        resource without an endpoint (no plugin ever connected for it). False while the kubelet restarts, after it
+        dropped the endpoint, and while new options wait to be registered."""
+        endpoint = self._endpoints.get(resource)
+        if endpoint is None:
+            return None
+        kubelet = kubelet_socket_identity(self._kubelet_socket)
+        return endpoint.serving and kubelet is not None and endpoint.registered_with_kubelet(kubelet)
+
+    def _note_registrations(self) -> None:
+        registered = frozenset(name for name in self._endpoints if self.kubelet_registered(name))
+        if registered != self._registered_seen:
+            self._registered_seen = registered
+            self.registrations_generation += 1
 
     def connected_plugins(self) -> dict[str, str]:
         """Resource -> socket of its connected primary plugin (what an agent restart reconnects to)."""
@@ -197,6 +217,7 @@ class ProxyService:
             while True:
                 try:
                     await self.reconcile()
+                    self._note_registrations()
                 except Exception:  # one bad tick must not end proxying
                     log.exception("proxy reconcile failed")
                 await asyncio.sleep(TICK_SECONDS)
