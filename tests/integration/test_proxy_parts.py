@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.agent.proxy.feed import SnapshotFeed, all_unhealthy
+from deviceplane.agent.proxy.forwarder import DEADLINE_MARGIN_SECONDS, plugin_deadline
 from deviceplane.agent.proxy.ownership import Ownership, kubelet_view
 from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
 from deviceplane.agent.proxy.service import ProxyConnector
@@ -310,3 +311,16 @@ async def test_connector_forgets_the_sockets_of_plugins_that_restarted_under_new
     print(f"{restarts} restarts: {len(connector._made)} sockets, {kept} connections kept, {grown} bytes grown")
     assert len(connector._made) <= 1
     assert connector.current("example.com/sim", str(tmp / f"sim-{restarts - 1}.sock")) is None
+
+
+# ---- deadlines ---------------------------------------------------------------------------------------------------
+
+
+def test_the_plugin_is_told_a_deadline_before_ours_and_ours_is_before_the_kubelets() -> None:
+    assert plugin_deadline(None) == (None, None)  # Allocate, GetPreferredAllocation: no deadline anywhere
+    ours, told = plugin_deadline(30.0)  # PreStartContainer
+    assert (ours, told) == (30.0 - DEADLINE_MARGIN_SECONDS, 30.0 - 2 * DEADLINE_MARGIN_SECONDS)
+    for remaining in (0.0, 0.01, 0.4, 1.0, 5.0):  # little left: the margins shrink, the order stays
+        ours, told = plugin_deadline(remaining)
+        assert ours is not None and told is not None and 0.0 <= told <= ours <= remaining
+        assert told >= remaining / 2
