@@ -146,6 +146,10 @@ class Agent:
         self.loop_watchdog = loop_watchdog(config.loop_stall_seconds, self.metrics.prometheus, WATCHDOG_PREFIX)
         # Right after start, admissions and the first NodeDevices write wait for plugins to come back.
         self.plugins_back = StartupPluginWait(self.registry, config.startup_plugin_wait)
+        # Proxy mode: the agent in front of a kubelet (its endpoints' registrations are part of the views).
+        self.proxy: ProxyMode | None = None
+        if config.kubelet_dir is not None and self.ownership is not None:
+            self.proxy = ProxyMode(self.registry, config.plugin_dir, config.kubelet_dir, self.ownership, self.metrics)
         self.views = ApiViews(
             self.registry,
             self.pods,
@@ -153,6 +157,7 @@ class Agent:
             config.node_name,
             owners=self.ownership,
             pod_list=self.ownership.pods_json if self.ownership else None,
+            kubelet_registered=self.proxy.kubelet_registered if self.proxy is not None else None,
         )
 
         # -- the kubelet checkpoint file, in a directory one agent at a time may serve ---------------------------
@@ -189,9 +194,7 @@ class Agent:
         # extension point: device listeners (a Node/NodeDevices publisher is constructed above and added here)
         listeners: list[DeviceListener] = [self.metrics.on_device_event, self.plugins_back]
         connector: PluginConnector = PluginClient
-        self.proxy: ProxyMode | None = None
-        if config.kubelet_dir is not None and self.ownership is not None:
-            self.proxy = ProxyMode(self.registry, config.plugin_dir, config.kubelet_dir, self.ownership, self.metrics)
+        if self.proxy is not None:
             connector = self.proxy.connector
             listeners.append(self.proxy.on_device_event)
         if self.cluster is not None:
@@ -307,7 +310,7 @@ class Agent:
             api,
             config.node_name,
             self.views.status,
-            allocations=(lambda: ownership.generation) if ownership else (lambda: self.pod_devices.generation),
+            allocations=self._proxy_generation if ownership else (lambda: self.pod_devices.generation),
             # Proxy mode: not before the kubelet's owners are listed (agent mode restores its own at start).
             owners_known=ownership.listed.wait if ownership else None,
             plugins_back=self.plugins_back,
@@ -335,6 +338,13 @@ class Agent:
                 record=published[NODE_STATUS],
             ),
         )
+
+    def _proxy_generation(self) -> int:
+        """Proxy mode: changes when the kubelet's owners or an endpoint's registration with the kubelet do (both
+        only grow), so NodeDevices is written again."""
+        proxy, ownership = self.proxy, self.ownership
+        registrations = proxy.registrations_generation if proxy is not None else 0
+        return (ownership.generation if ownership is not None else 0) + registrations
 
     # -- probes -----------------------------------------------------------------------------------------------------
 

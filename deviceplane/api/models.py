@@ -52,6 +52,13 @@ class PluginView(FrozenModel):
     preStartRequired: bool = Field(description="The plugin asked for PreStartContainer calls.")
     getPreferredAllocationAvailable: bool = Field(description="The plugin implements GetPreferredAllocation.")
     registeredAt: str | None = Field(default=None, description="When the plugin last registered (RFC 3339).")
+    # Optional, absent in agent mode (nothing is registered with a kubelet then), as `endpoint` above.
+    kubeletRegistered: bool | None = Field(
+        default=None,
+        description="Proxy mode: whether the agent's endpoint for the resource is registered with the kubelet now "
+        "(false while the kubelet restarts or after it dropped the endpoint, until registered again; the kubelet "
+        "sees no devices of the resource without it); null in agent mode (absent in NodeDevices).",
+    )
 
 
 class ResourceView(FrozenModel):

@@ -91,6 +91,15 @@ def owner(device: dict[str, Any]) -> str:
     return f"{held['namespace']}/{held['pod']}/{held['container']}"
 
 
+def plugin_state(plugin: dict[str, Any]) -> str:
+    """The plugin's connection, and in proxy mode whether the kubelet has the agent's endpoint for the resource."""
+    state = "plugin connected" if plugin.get("connected") else "plugin disconnected"
+    registered = plugin.get("kubeletRegistered")
+    if registered is None:  # agent mode: no kubelet in front of which the agent sits
+        return state
+    return state + (", registered with the kubelet" if registered else ", NOT registered with the kubelet")
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Aligned columns, as kubectl prints them (no extra dependency: `status` works with the base install)."""
     widths = [max(len(str(cell)) for cell in column) for column in zip(headers, *rows, strict=False)]
@@ -110,7 +119,7 @@ def devices_table(devices: dict[str, Any]) -> str:
                 f"{resource['allocatable']}/{resource['capacity']} allocatable, {resource['allocated']} allocated",
                 f"{resource['healthy']} healthy, {resource['unhealthy']} unhealthy",
                 "",
-                "plugin connected" if plugin.get("connected") else "plugin disconnected",
+                plugin_state(plugin),
             ]
         )
         for device in resource.get("devices") or []:

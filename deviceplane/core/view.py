@@ -42,7 +42,11 @@ def rfc3339(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _plugin_view(state: ResourceStatus) -> PluginView:
+# Proxy mode: whether a resource's proxy endpoint is registered with the kubelet now (None: not proxied).
+KubeletRegistered = Callable[[str], bool | None]
+
+
+def _plugin_view(state: ResourceStatus, kubelet_registered: KubeletRegistered | None = None) -> PluginView:
     endpoint = state.primary
     options = endpoint.options if endpoint is not None else None
     return PluginView(
@@ -53,11 +57,16 @@ def _plugin_view(state: ResourceStatus) -> PluginView:
         registeredAt=rfc3339(endpoint.registered_wall)
         if endpoint is not None and endpoint.socket_path and endpoint.registered_wall is not None
         else None,
+        kubeletRegistered=kubelet_registered(state.name) if kubelet_registered is not None else None,
     )
 
 
 def resource_view(
-    state: ResourceStatus, counts: ResourceCounts, holders: Holders, device_limit: int | None = None
+    state: ResourceStatus,
+    counts: ResourceCounts,
+    holders: Holders,
+    device_limit: int | None = None,
+    kubelet_registered: KubeletRegistered | None = None,
 ) -> ResourceView:
     if device_limit == 0:  # a count poll: nothing listed, nothing sorted (it follows every registration)
         shown: list[str] = []
@@ -88,7 +97,7 @@ def resource_view(
         healthy=counts.healthy,
         unhealthy=counts.unhealthy,
         allocated=holders.allocated_count(state.name),
-        plugin=_plugin_view(state),
+        plugin=_plugin_view(state, kubelet_registered),
         devices=devices,
         devicesTruncated=truncated,
     )
@@ -143,6 +152,7 @@ def devices_status(
     device_limit: int | None = None,
     resource_filter: Callable[[str], bool] | None = None,
     conditions: ConditionTimes | None = None,
+    kubelet_registered: KubeletRegistered | None = None,
 ) -> DevicesStatus:
     """The view; with `conditions`, the node's conditions too (judged over every resource, those `resource_filter`
     leaves out included, at `agent.lastHeartbeatTime`; their transition times kept in `conditions`)."""
@@ -158,7 +168,7 @@ def devices_status(
         if conditions is not None:
             judged.append(counts)
         if shown:
-            resources.append(resource_view(state, counts, holders, device_limit))
+            resources.append(resource_view(state, counts, holders, device_limit, kubelet_registered))
     if conditions is None:
         return DevicesStatus(resources=resources, agent=agent)
     found = conditions.update(judged, agent.lastHeartbeatTime)

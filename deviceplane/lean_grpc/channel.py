@@ -58,18 +58,26 @@ class Channel:
     # -- calls ---------------------------------------------------------------------------------------------------------
 
     async def unary(
-        self, method: str, request: bytes, timeout: float | None = None, wait_for_ready: bool = False
+        self,
+        method: str,
+        request: bytes,
+        timeout: float | None = None,
+        wait_for_ready: bool = False,
+        sent_timeout: float | None = None,
     ) -> bytes:
-        """One unary call (`method` as "/package.Service/Method"): the response message, or RpcError."""
+        """One unary call (`method` as "/package.Service/Method"): the response message, or RpcError. `sent_timeout`
+        (at most `timeout`): the deadline sent to the server, when the server is to reach its own first and answer
+        in its own words (a proxy's case); by default `timeout`'s."""
         loop = self._loop or self._bind_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        sent = deadline if sent_timeout is None else loop.time() + sent_timeout
         retries = 0
         while True:
             connection = self._connection
             if connection is None or not connection.takes_call:
                 connection = await self._ready(deadline, wait_for_ready)
             future: asyncio.Future[bytes] = loop.create_future()
-            stream = connection.start(self._request_block(method, deadline, loop), request, future)
+            stream = connection.start(self._request_block(method, sent, loop), request, future)
             timer = None
             if deadline is not None:
                 timer = loop.call_at(deadline, _expire, connection, stream)
@@ -112,7 +120,9 @@ class Channel:
         return ResponseStream(started, lambda: self._open_stream(method, request))
 
     async def close(self) -> None:
-        """Close the connection; calls in flight fail with CANCELLED, later calls too."""
+        """Close the connection, as grpc-go's ClientConn.Close: unary calls in flight fail with UNAVAILABLE (the
+        transport's close reaches them: the kubelet, closing its client when a plugin's stream ends, reads that),
+        streams and later calls with CANCELLED "grpc: the client connection is closing"."""
         self._closed = True
         dialing, self._dialing = self._dialing, None
         if dialing is not None:
@@ -120,7 +130,7 @@ class Channel:
             with contextlib.suppress(BaseException):
                 await dialing
         if self._connection is not None:
-            self._connection.close(_closed_error())
+            self._connection.close(_closed_error(), _closing_transport_error(self._connection.goaway))
             self._connection = None
 
     # -- connecting ----------------------------------------------------------------------------------------------------
@@ -273,3 +283,12 @@ def _expire(connection: Connection, stream: Stream) -> None:
 
 def _closed_error() -> RpcError:
     return RpcError(grpc.StatusCode.CANCELLED, "grpc: the client connection is closing")
+
+
+def _closing_transport_error(goaway: str | None) -> RpcError:
+    """What grpc-go's transport Close gives its unary calls in flight when the ClientConn closes: UNAVAILABLE, with
+    the text of the close's error, and the server's GOAWAY if one came (http2Client.Close)."""
+    why = f"rpc error: code = Canceled desc = {_closed_error().details()}"
+    if goaway is not None:
+        why = f"closing transport due to: {why}, received prior goaway: {goaway}"
+    return RpcError(grpc.StatusCode.UNAVAILABLE, why)

@@ -63,6 +63,21 @@ class ConnectionFailure(Exception):
         self.code = code
 
 
+def go_quoted(data: bytes) -> str:
+    """`data` as Go's %q writes it, for ASCII: in double quotes, printable characters as is, the rest escaped (any
+    other byte as \\xNN, where Go would keep printable UTF-8)."""
+    out = []
+    for byte in data:
+        char = chr(byte)
+        if char in '"\\':
+            out.append("\\" + char)
+        elif 0x20 <= byte < 0x7F:
+            out.append(char)
+        else:
+            out.append({0x0A: "\\n", 0x09: "\\t", 0x0D: "\\r"}.get(byte, f"\\x{byte:02x}"))
+    return '"' + "".join(out) + '"'
+
+
 class StreamFailure(Exception):
     """The peer broke the protocol on one stream: that stream is reset and its call fails with `error`."""
 
@@ -141,6 +156,8 @@ class Connection(asyncio.BufferedProtocol):
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._draining = False  # GOAWAY received (or stream ids used up): no new streams
         self.error: RpcError | None = None  # why the connection ended
+        self._unary_error: RpcError | None = None  # what unary calls in flight fail with instead (close's)
+        self.goaway: str | None = None  # the server's GOAWAY, as grpc-go words it ("code: NO_ERROR, debug data: ...")
 
     # -- asyncio.BufferedProtocol ------------------------------------------------------------------------------------
 
@@ -189,7 +206,8 @@ class Connection(asyncio.BufferedProtocol):
             reason = "EOF" if exc is None else str(exc) or type(exc).__name__
             self.error = RpcError(grpc.StatusCode.UNAVAILABLE, f"error reading from server: {reason}")
         for stream in list(self._streams.values()):
-            self._finish(stream, self.error)
+            unary = stream.future is not None and self._unary_error is not None
+            self._finish(stream, self._unary_error if unary else self.error)
         self._wake_slots()
         if self._on_lost is not None:
             self._on_lost(self)
@@ -257,10 +275,12 @@ class Connection(asyncio.BufferedProtocol):
         self._replenish(stream)
         return message
 
-    def close(self, error: RpcError) -> None:
-        """Close the connection; every call on it fails with `error`."""
+    def close(self, error: RpcError, unary_error: RpcError | None = None) -> None:
+        """Close the connection; every call on it fails with `error`, unary calls in flight with `unary_error` if
+        given."""
         if self.error is None:
             self.error = error
+            self._unary_error = unary_error
         self._draining = True
         if self._transport is not None:
             self._transport.close()
@@ -520,6 +540,7 @@ class Connection(asyncio.BufferedProtocol):
         last = h2.u32(payload) & h2.STREAM_ID_MASK
         code = h2.u32(payload, 4)
         self._draining = True
+        self.goaway = f"code: {h2.error_name(code)}, debug data: {go_quoted(payload[8:200])}"
         if code != h2.NO_ERROR:
             log.warning(
                 "gRPC server sent GOAWAY",

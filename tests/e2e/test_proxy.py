@@ -421,8 +421,18 @@ def test_an_endpoint_the_kubelet_dropped_is_registered_again_as_a_plugin_would(
         procs.stop(plugin)
     wait_for("both away", lambda: counts(direct, NULL)[1] == counts(proxied, NULL)[1] == 0, procs=watched)
     assert "received message larger than max" in proxied.proc.log.read_text(errors="replace")  # the kubelet's drop
+    # Shown: the kubelet no longer has the endpoint (it is registered again once the plugin is back).
+    shown = agent.resource(NULL)
+    assert shown is not None and shown["plugin"]["kubeletRegistered"] is False
+    assert metric(agent, "deviceplane_proxy_endpoint_registered", resource_name=NULL) == 0.0
     plugins = [start_generic(k8s_bin, procs, d, n) for d in (direct.socket_dir, agent.plugin_dir)]
     wait_for("both back", both_up, procs=[*watched, *plugins], timeout=30)
+    wait_for(
+        "shown registered again",
+        lambda: metric(agent, "deviceplane_proxy_endpoint_registered", resource_name=NULL) == 1.0,
+        procs=watched,
+        timeout=5,
+    )
 
 
 # ---- the DaemonSet ----------------------------------------------------------------------------------------------

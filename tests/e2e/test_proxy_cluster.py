@@ -152,6 +152,17 @@ def test_proxy_mode_publishes_nodedevices_with_the_kubelets_owners_and_health(
     )
     assert (spec["serviceAccountName"], spec.get("automountServiceAccountToken")) == (SERVICE_ACCOUNT, True)
 
+    # Whether the kubelet has the resource's endpoint is published too, and follows a kubelet restart.
+    def published_registered() -> bool | None:
+        resources = ((node_devices(cluster, node) or {}).get("status") or {}).get("resources") or []
+        return next((r["plugin"].get("kubeletRegistered") for r in resources if r["name"] == SIM), None)
+
+    assert published_registered() is True
+    procs.stop(h.proc)
+    wait_for("NodeDevices: not registered", lambda: published_registered() is False, procs=[agent.proc], timeout=5)
+    h = kubelet_harness(h.socket_dir, pod_resources_socket=env.pod_resources)
+    wait_for("NodeDevices: registered again", lambda: published_registered() is True, procs=[agent.proc], timeout=5)
+
 
 def test_agent_restart_never_publishes_held_devices_as_free(
     agent_installed: Cluster,

@@ -288,13 +288,23 @@ async def test_close_fails_what_is_in_flight_and_leaves_nothing_behind(peer: Pee
     hung = asyncio.create_task(channel.unary(method("Hang"), b"", 30))
     await asyncio.sleep(0.1)
     await channel.close()
+    # As grpc-go's ClientConn.Close: the transport's close reaches a unary call in flight (UNAVAILABLE, with the
+    # close's error), a stream and a later call are cancelled.
     with pytest.raises(RpcError) as info:
         await hung
-    assert info.value.code() == grpc.StatusCode.CANCELLED
-    with pytest.raises(RpcError):
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.UNAVAILABLE,
+        "rpc error: code = Canceled desc = grpc: the client connection is closing",
+    )
+    with pytest.raises(RpcError) as info:
         await stream.__anext__()
-    with pytest.raises(RpcError):
+    assert info.value.code() == grpc.StatusCode.CANCELLED
+    with pytest.raises(RpcError) as info:
         await channel.unary(method("Echo"), b"", 5)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.CANCELLED,
+        "grpc: the client connection is closing",
+    )
     await asyncio.sleep(0.05)  # the transport's close callbacks
     assert asyncio.all_tasks() - tasks_before <= {asyncio.current_task()}
     assert len(os.listdir("/proc/self/fd")) == fds_before

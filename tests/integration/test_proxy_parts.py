@@ -1,22 +1,27 @@
 """Proxy mode's pieces on their own: the kubelet-facing feed, the PodResources join, the plugin record (fuzzed),
 endpoint naming and socket identity, and which of a plugin's error trailers are forwarded. Real files, sockets and
-asyncio; no processes."""
+asyncio (gRPC servers in process for the connector); no processes."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import socket
+import tracemalloc
 from pathlib import Path
 
+import grpc
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.agent.proxy.feed import SnapshotFeed, all_unhealthy
+from deviceplane.agent.proxy.forwarder import DEADLINE_MARGIN_SECONDS, plugin_deadline
 from deviceplane.agent.proxy.ownership import Ownership, kubelet_view
 from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
+from deviceplane.agent.proxy.service import ProxyConnector
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.lean_grpc.status import trailing_metadata
@@ -257,3 +262,65 @@ def test_trailing_metadata_keeps_what_grpc_would_send_on() -> None:
         ("X-Upper", "bad name"),
     )
     assert trailing_metadata(trailers) == (("grpc-status-details-bin", details), ("x-reason", "no capacity"))
+
+
+# ---- the connector -----------------------------------------------------------------------------------------------
+
+
+def _options_server(socket_path: Path) -> grpc.aio.Server:
+    """A plugin's DevicePlugin service as far as a connection needs it (GetDevicePluginOptions), on a real socket."""
+
+    async def options(_request: bytes, _context: object) -> bytes:
+        return pb.DevicePluginOptions().SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        "v1beta1.DevicePlugin", {"GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(options)}
+    )
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{socket_path}")
+    return server
+
+
+async def test_connector_forgets_the_sockets_of_plugins_that_restarted_under_new_names() -> None:
+    """A plugin that restarts under a new socket name each time (a name with its pid or a timestamp) is a new
+    (resource, socket) for the connector: each of its connections is made, connected and, when the next one replaces
+    it, closed, as the device manager does. What the connector keeps must not grow with the restarts."""
+    connector = ProxyConnector()
+    restarts = 150
+    with short_tmpdir() as tmp:
+        tracemalloc.start()
+        try:
+            before = 0
+            for n in range(restarts):
+                socket_path = tmp / f"sim-{n}.sock"
+                server = _options_server(socket_path)
+                await server.start()
+                client = connector("example.com/sim", str(socket_path))
+                await client.connect(5.0)
+                await client.close()
+                await server.stop(grace=None)
+                del client
+                gc.collect()
+                if n == 20:
+                    before = tracemalloc.get_traced_memory()[0]
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    kept = sum(len(refs) for refs in connector._made.values())
+    print(f"{restarts} restarts: {len(connector._made)} sockets, {kept} connections kept, {grown} bytes grown")
+    assert len(connector._made) <= 1
+    assert connector.current("example.com/sim", str(tmp / f"sim-{restarts - 1}.sock")) is None
+
+
+# ---- deadlines ---------------------------------------------------------------------------------------------------
+
+
+def test_the_plugin_is_told_a_deadline_before_ours_and_ours_is_before_the_kubelets() -> None:
+    assert plugin_deadline(None) == (None, None)  # Allocate, GetPreferredAllocation: no deadline anywhere
+    ours, told = plugin_deadline(30.0)  # PreStartContainer
+    assert (ours, told) == (30.0 - DEADLINE_MARGIN_SECONDS, 30.0 - 2 * DEADLINE_MARGIN_SECONDS)
+    for remaining in (0.0, 0.01, 0.4, 1.0, 5.0):  # little left: the margins shrink, the order stays
+        ours, told = plugin_deadline(remaining)
+        assert ours is not None and told is not None and 0.0 <= told <= ours <= remaining
+        assert told >= remaining / 2

@@ -157,12 +157,15 @@ class PluginClient:
     def closed(self) -> bool:
         return self._closed
 
-    async def call_raw(self, method: str, request: bytes, timeout: float | None) -> bytes:
+    async def call_raw(
+        self, method: str, request: bytes, timeout: float | None, sent_timeout: float | None = None
+    ) -> bytes:
         """One unary DevicePlugin RPC (e.g. "Allocate") with request and response as wire bytes, so a proxy forwards
-        exactly what it got. Raises RpcError with the plugin's status."""
+        exactly what it got. Raises RpcError with the plugin's status. `sent_timeout`: the deadline the plugin is
+        told, when it is to be shorter than ours (`timeout`)."""
         self._calls += 1
         try:
-            return await self._channel.unary(SERVICE + method, request, timeout)
+            return await self._channel.unary(SERVICE + method, request, timeout, sent_timeout=sent_timeout)
         finally:
             self._calls -= 1
             if self._calls == 0 and self._idle is not None:

@@ -27,6 +27,9 @@ from deviceplane.lean_grpc import RpcError
 log = logging.getLogger("deviceplane.agent.proxy")
 
 SERVICE = "v1beta1.DevicePlugin"
+# Between the deadline the plugin is told, ours, and the kubelet's (plugin_deadline); PreStartContainer's 30 s reach the
+# plugin as 29.5 s.
+DEADLINE_MARGIN_SECONDS = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,22 @@ class ForwardedCall:
     seconds: float
     code: grpc.StatusCode
     reached_plugin: bool = True  # False: no plugin was connected to forward to
+
+
+def plugin_deadline(remaining: float | None) -> tuple[float | None, float | None]:
+    """The kubelet's deadline (seconds left, None: none) as (our timeout, the one the plugin is told).
+
+    Directly, a plugin that does not answer in time answers the kubelet's deadline itself, in its own words (a grpc
+    C-core or grpc.aio plugin: DEADLINE_EXCEEDED "Deadline Exceeded"), and the kubelet reads that. Passed on as is,
+    three timers race for it: the plugin's, ours, and the endpoint server's own copy of the kubelet's deadline (which
+    answers "Deadline Exceeded" itself). So the plugin is told a deadline shorter by two margins, and ours comes one
+    margin after it: the plugin's answer is what the kubelet gets; ours ("context deadline exceeded", what the
+    kubelet's own timer says directly) only when the plugin does not answer its deadline (a grpc-go plugin whose
+    handler ignores it)."""
+    if remaining is None:
+        return None, None
+    margin = min(DEADLINE_MARGIN_SECONDS, remaining / 4)
+    return remaining - margin, remaining - 2 * margin
 
 
 class ResourceForwarder:
@@ -89,8 +108,9 @@ class ResourceForwarder:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"no device plugin connected for {self._resource}")
         assert client is not None
         start = time.perf_counter()
+        timeout = context.time_remaining()
         try:
-            response = await client.call_raw(method, request, context.time_remaining())
+            response = await client.call_raw(method, request, *plugin_deadline(timeout))
         except RpcError as err:
             self._record(method, request, time.perf_counter() - start, err.code(), True)
             # The plugin's trailers too: a rich status (grpc-status-details-bin) reaches the kubelet as sent.

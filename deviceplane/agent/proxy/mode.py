@@ -14,6 +14,7 @@ import grpc
 from deviceplane.agent.in_flight import InFlight
 from deviceplane.agent.plugins.contracts import DeviceEvent
 from deviceplane.agent.proxy.forwarder import ForwardedCall
+from deviceplane.agent.proxy.metrics import ProxyCollector
 from deviceplane.agent.proxy.ownership import Ownership
 from deviceplane.agent.proxy.recovery import PluginRecord, reconnect, remove_stale_sockets
 from deviceplane.agent.proxy.service import ProxyConnector, ProxyService
@@ -54,6 +55,23 @@ class ProxyMode:
         self.connector = ProxyConnector()
         self._in_flight = InFlight()  # forwarded calls
         self._service = ProxyService(registry, self.connector, kubelet_dir, self._on_call, self._in_flight)
+        metrics.prometheus.register(
+            ProxyCollector(
+                metrics.node,
+                ownership,
+                lambda: [state.name for state in registry.statuses()],
+                self._service.kubelet_registered,
+            )
+        )
+
+    def kubelet_registered(self, resource: str) -> bool | None:
+        """Whether the resource's proxy endpoint is registered with the kubelet now (None: it has no endpoint)."""
+        return self._service.kubelet_registered(resource)
+
+    @property
+    def registrations_generation(self) -> int:
+        """Changes when an endpoint's registration with the kubelet does."""
+        return self._service.registrations_generation
 
     def on_device_event(self, event: DeviceEvent) -> None:
         """Device listener: the kubelet's feed follows at once, and the plugin record is kept current."""

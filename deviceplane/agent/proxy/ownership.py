@@ -95,13 +95,17 @@ class Ownership:
         socket_path: Path,
         interval: float = POLL_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._socket_path = socket_path
         self._interval = interval
         self._clock = clock
         self._view = KubeletView()
         self._pending: dict[DeviceKey, float] = {}  # allocated through the proxy, not yet listed -> when
+        self._wall_clock = wall_clock
         self.reachable = False
+        self.last_listed = 0.0  # Unix time of the last successful listing; 0 before the first
+        self._lost: tuple[float, str] | None = None  # since when (clock) and why the kubelet stopped answering
         # Set by the first successful listing: before it, every device would look free.
         self.listed = asyncio.Event()
         # Bumped whenever the kubelet's owners change, so a NodeDevices publisher knows to write again.
@@ -135,7 +139,17 @@ class Ownership:
         return {device_id for (name, device_id) in self._view.holders if name == resource}
 
     def ready(self) -> str | None:
-        return None if self.listed.is_set() else "kubelet PodResources not listed yet"
+        """Not ready before the first listing (every device would look free), nor while the kubelet does not answer
+        after it: the owners shown are those of the last listing, and may be wrong (docs/proxy.md, Readiness)."""
+        if not self.listed.is_set():
+            return "kubelet PodResources not listed yet" + (f": {self._lost[1]}" if self._lost else "")
+        if self._lost is None:
+            return None
+        since, why = self._lost
+        return (
+            f"kubelet PodResources unreachable for {self._clock() - since:.0f} s ({why}): device owners are as of "
+            "its last listing"
+        )
 
     def kubelet_allocatable(self) -> dict[str, int]:
         return {resource: len(ids) for resource, ids in self._view.allocatable.items()}
@@ -173,9 +187,7 @@ class Ownership:
                 try:
                     await self.poll_once(pod_resources_stub(channel))
                 except grpc.aio.AioRpcError as err:
-                    if self.reachable:
-                        log.warning("kubelet PodResources unreachable: %s", err.details() or err.code().name)
-                    self.reachable = False
+                    self._unreachable(err)
                     # A fresh channel: the kubelet may have restarted on a new socket.
                     await channel.close(None)
                     channel = None
@@ -193,6 +205,19 @@ class Ownership:
         self._view = view
         self._settle()
         self.listed.set()
+        self.last_listed = self._wall_clock()
         if not self.reachable:
             log.info("kubelet PodResources reachable", extra={"socket": str(self._socket_path)})
         self.reachable = True
+        self._lost = None
+
+    def _unreachable(self, err: grpc.aio.AioRpcError) -> None:
+        """Logged once per outage; /readyz and the metrics say it for as long as it lasts."""
+        if self._lost is None:
+            log.warning(
+                "kubelet PodResources unreachable: %s",
+                err.details() or err.code().name,
+                extra={"socket": str(self._socket_path)},
+            )
+            self._lost = (self._clock(), err.code().name)
+        self.reachable = False

@@ -84,10 +84,17 @@ class ProxyConnector:
 
         client = PluginClient(resource, socket_path, on_message=record)
         ref.append(weakref.ref(client))
-        made = self._made.setdefault((resource, socket_path), [])
-        made[:] = [r for r in made if (c := r()) is not None and not c.closed]
-        made.append(ref[0])
+        self._forget_closed()
+        self._made.setdefault((resource, socket_path), []).append(ref[0])
         return client
+
+    def _forget_closed(self) -> None:
+        """Drop closed and collected connections, and the sockets left with none: a plugin that restarts under a new
+        socket name each time (its pid in the name) would otherwise leave an entry per restart."""
+        for key, made in list(self._made.items()):
+            made[:] = [r for r in made if (c := r()) is not None and not c.closed]
+            if not made:
+                del self._made[key]
 
     def current(self, resource: str, socket_path: str) -> PluginClient | None:
         for ref in reversed(self._made.get((resource, socket_path), [])):
@@ -125,6 +132,10 @@ class ProxyService:
         self._registering: dict[str, asyncio.Task[None]] = {}  # at most one registration in flight per resource
         self._errors: dict[str, tuple[str, str]] = {}  # the last failure logged per resource
         self._drops: dict[str, Drop] = {}  # the last time the kubelet dropped an endpoint
+        self._registered_seen: frozenset[str] = frozenset()
+        # Bumped when the set of endpoints registered with the kubelet changes (seen each tick), so that a NodeDevices
+        # publisher knows to write again.
+        self.registrations_generation = 0
 
     # -- what the kubelet sees ----------------------------------------------------------------------------------------
 
@@ -156,6 +167,22 @@ class ProxyService:
         endpoint = self._endpoints.get(resource)
         told = endpoint.told_options if endpoint is not None else None
         return told is None or told == (self.options(resource) or PluginOptions())
+
+    def kubelet_registered(self, resource: str) -> bool | None:
+        """Whether the resource's endpoint is registered with the kubelet serving kubelet.sock now; None for a
+        resource without an endpoint (no plugin ever connected for it). False while the kubelet restarts, after it
+        dropped the endpoint, and while new options wait to be registered."""
+        endpoint = self._endpoints.get(resource)
+        if endpoint is None:
+            return None
+        kubelet = kubelet_socket_identity(self._kubelet_socket)
+        return endpoint.serving and kubelet is not None and endpoint.registered_with_kubelet(kubelet)
+
+    def _note_registrations(self) -> None:
+        registered = frozenset(name for name in self._endpoints if self.kubelet_registered(name))
+        if registered != self._registered_seen:
+            self._registered_seen = registered
+            self.registrations_generation += 1
 
     def connected_plugins(self) -> dict[str, str]:
         """Resource -> socket of its connected primary plugin (what an agent restart reconnects to)."""
@@ -190,6 +217,7 @@ class ProxyService:
             while True:
                 try:
                     await self.reconcile()
+                    self._note_registrations()
                 except Exception:  # one bad tick must not end proxying
                     log.exception("proxy reconcile failed")
                 await asyncio.sleep(TICK_SECONDS)

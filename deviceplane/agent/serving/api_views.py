@@ -15,7 +15,7 @@ from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import AllocationHolders, pods_view
 from deviceplane.core.registry import DeviceRegistry
-from deviceplane.core.view import Holders, devices_status, rfc3339
+from deviceplane.core.view import Holders, KubeletRegistered, devices_status, rfc3339
 
 
 class ApiViews:
@@ -31,11 +31,13 @@ class ApiViews:
         *,
         owners: Holders | None = None,
         pod_list: Callable[[], list[dict[str, Any]]] | None = None,
+        kubelet_registered: KubeletRegistered | None = None,
     ) -> None:
         # owners / pod_list: where they come from when the agent does not allocate (proxy mode: the kubelet's
         # PodResources); by default the agent's own allocations and pod table.
         self._holders = owners or AllocationHolders(pod_devices, table)
         self._pod_list = pod_list
+        self._kubelet_registered = kubelet_registered  # proxy mode: each resource's endpoint with the kubelet
         self._registry = registry
         self._table = table
         self._pod_devices = pod_devices
@@ -69,6 +71,7 @@ class ApiViews:
             device_limit=device_limit,
             resource_filter=(lambda name: name == resource) if resource else None,
             conditions=self._conditions,
+            kubelet_registered=self._kubelet_registered,
         )
 
     def pods(self) -> list[dict[str, Any]]:
