@@ -13,6 +13,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
 from deviceplane.agent.kube.publishing import PublishRecord
+from deviceplane.agent.proxy.metrics import ProxyCollector
 from deviceplane.agent.serving.publish_metrics import NODE_STATUS, NODEDEVICES, PublishCollector
 from deviceplane.operator.app import OperatorOptions, operator_metrics
 from scripts.gen_prometheus_rule import PROMETHEUS_RULE, RULES, prometheus_rule_text
@@ -70,6 +71,11 @@ def exported_names(exposition: str) -> set[str]:
     return names
 
 
+class PodResourcesSeen:
+    reachable = True
+    last_listed = 1.0
+
+
 def test_every_series_the_rules_name_is_exported(
     agent: AgentProcess, plugin_factory: Callable[..., TestPlugin]
 ) -> None:
@@ -83,6 +89,9 @@ def test_every_series_the_rules_name_is_exported(
     cluster = CollectorRegistry()
     records = {NODE_STATUS: PublishRecord("node status"), NODEDEVICES: PublishRecord("NodeDevices")}
     cluster.register(PublishCollector(records, lambda: 0))
+    # Proxy mode's series, as proxy/mode.py registers them (tests/e2e/test_proxy_visibility.py reads them from an
+    # agent in front of a real kubelet).
+    cluster.register(ProxyCollector("n", PodResourcesSeen(), lambda: ["example.com/gpu"], lambda _resource: True))
     exported = (
         exported_names(agent.get_text("/metrics"))
         | exported_names(generate_latest(operator.registry).decode())
