@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -38,6 +39,7 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT) -> None:
         self._request_timeout = request_timeout
+        self._pool = api_client.rest_client.pool_manager
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
@@ -84,7 +86,14 @@ class KubeApi:
 
     async def _json(self, call: Any, *args: Any) -> dict[str, Any]:
         def run() -> dict[str, Any]:
-            response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
+            try:
+                response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
+            except urllib3.exceptions.HTTPError:
+                # A timeout or lost connection: the pool's idle connections went through the same outage and may be
+                # as dead, silently; requests at once (the reconciler's workers) would each take one and wait out
+                # its timeout. Drop them: the next requests dial new connections.
+                self._pool.clear()
+                raise
             return dict(json.loads(response.data or b"{}"))
 
         return await asyncio.to_thread(run)
