@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import kopf
 
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog, loop_watchdog
+from deviceplane.operator import kopf_network
 from deviceplane.operator.configmaps import ConfigMapHashes
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
@@ -78,8 +79,7 @@ def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
     # Server-side filtering: only our DaemonSets and their pods stream to us, not every pod in the cluster.
     settings.watching.label_selectors["daemonsets"] = managed
     settings.watching.label_selectors["pods"] = managed
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    kopf_network.configure(settings)  # timeouts of kopf's lists and watches: see the module
     return settings
 
 
