@@ -15,6 +15,7 @@ from deviceplane.operator import kopf_network
 from deviceplane.operator.configmaps import ConfigMapHashes
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
+from deviceplane.operator.listing import ListingGate
 from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import MANAGED_BY, MANAGED_BY_LABEL
 from deviceplane.operator.reconciler import Reconciler
@@ -92,7 +93,12 @@ def operator_metrics(options: OperatorOptions) -> tuple[OperatorMetrics, LoopWat
 
 def build(options: OperatorOptions) -> Operator:
     api = KubeApi(load_client(options.kubeconfig))
-    view = IndexView(ConfigMapHashes(api.find_configmap))
+    plugin_pods = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    view = IndexView(
+        ConfigMapHashes(api.find_configmap),
+        node_gate=ListingGate("nodes", api.list_node_uids),
+        pod_gate=ListingGate("plugin pods", lambda: api.list_pod_uids(plugin_pods, options.namespaces)),
+    )
     metrics, watchdog = operator_metrics(options)
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
     metrics.track_configs(lambda: list(reconciler.statuses.values()))

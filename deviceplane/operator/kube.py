@@ -36,6 +36,10 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def _uids(answer: Mapping[str, Any]) -> set[str]:
+    return {str(item["metadata"]["uid"]) for item in answer.get("items") or []}
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT) -> None:
         self._request_timeout = request_timeout
@@ -64,6 +68,26 @@ class KubeApi:
         )
         items = answer.get("items") or []
         return dict(items[0]) if items else None
+
+    async def list_node_uids(self) -> set[str]:
+        answer = await self._json(lambda **kw: self._core.list_node(**kw))
+        return _uids(answer)
+
+    async def list_pod_uids(self, label_selector: str, namespaces: tuple[str, ...] = ()) -> set[str]:
+        """The uids of the pods with these labels, in `namespaces` (none: all)."""
+        if not namespaces:
+            answer = await self._json(
+                lambda **kw: self._core.list_pod_for_all_namespaces(label_selector=label_selector, **kw)
+            )
+            return _uids(answer)
+        uids: set[str] = set()
+        for namespace in namespaces:
+            uids |= _uids(
+                await self._json(
+                    lambda ns, **kw: self._core.list_namespaced_pod(ns, label_selector=label_selector, **kw), namespace
+                )
+            )
+        return uids
 
     async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
         """core/v1 Events in a namespace matching a field selector (e.g. one object's FailedCreate events)."""
