@@ -66,7 +66,7 @@ class RequestFailureLines(logging.Filter):
             held, self._held, self._last_shown = self._held, 0, now
         note = f"{held} more failed attempts of kopf's requests since the last such line" if held else "kopf retries"
         record.msg, record.args = (
-            f"{message} ({note}; the API server is not answering: at most one such line per {self.interval:.0f} s)",
+            f"{message} ({note}; at most one such line per {self.interval:.0f} s)",
             None,
         )
         return True
