@@ -11,9 +11,11 @@ from dataclasses import dataclass
 import kopf
 
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS, LoopWatchdog, loop_watchdog
+from deviceplane.operator import kopf_network
 from deviceplane.operator.configmaps import ConfigMapHashes
 from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
+from deviceplane.operator.listing import ListingGate
 from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import MANAGED_BY, MANAGED_BY_LABEL
 from deviceplane.operator.reconciler import Reconciler
@@ -78,8 +80,7 @@ def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
     # Server-side filtering: only our DaemonSets and their pods stream to us, not every pod in the cluster.
     settings.watching.label_selectors["daemonsets"] = managed
     settings.watching.label_selectors["pods"] = managed
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
+    kopf_network.configure(settings)  # timeouts of kopf's lists and watches: see the module
     return settings
 
 
@@ -92,7 +93,12 @@ def operator_metrics(options: OperatorOptions) -> tuple[OperatorMetrics, LoopWat
 
 def build(options: OperatorOptions) -> Operator:
     api = KubeApi(load_client(options.kubeconfig))
-    view = IndexView(ConfigMapHashes(api.find_configmap))
+    plugin_pods = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    view = IndexView(
+        ConfigMapHashes(api.find_configmap),
+        node_gate=ListingGate("nodes", api.list_node_uids),
+        pod_gate=ListingGate("plugin pods", lambda: api.list_pod_uids(plugin_pods, options.namespaces)),
+    )
     metrics, watchdog = operator_metrics(options)
     reconciler = Reconciler(view, api, metrics, workers=options.workers)
     metrics.track_configs(lambda: list(reconciler.statuses.values()))

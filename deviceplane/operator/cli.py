@@ -74,6 +74,10 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # a line per health probe otherwise
         # But pausing for a peer and resuming are worth a line each.
         logging.getLogger("kopf._core.engines.peering").setLevel(logging.INFO)
+        # kopf logs every failed attempt of its lists and watches at error level: one line a minute says it all.
+        from deviceplane.operator.kopf_network import quiet_request_failures
+
+        quiet_request_failures()
     host, _, port = args.metrics_addr.rpartition(":")
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,

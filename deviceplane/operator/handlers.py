@@ -19,6 +19,7 @@ from deviceplane.loop_watchdog import LoopWatchdog
 from deviceplane.operator import names
 from deviceplane.operator.configmaps import ConfigMapHashes
 from deviceplane.operator.conflicts import IdleCause, NodeInfo, Taint
+from deviceplane.operator.listing import ListingGate, PodProblems
 from deviceplane.operator.names import ConfigKey
 from deviceplane.operator.reconciler import Reconciler, key_of
 from deviceplane.operator.status import PodProblem, idle_cause, pod_problem
@@ -41,10 +42,19 @@ def _first(store: Any) -> Any:
 
 @dataclass
 class IndexView:
-    """ClusterView over kopf's indexes (bound at startup; kopf fills them before any event handler runs)."""
+    """ClusterView over kopf's indexes (bound at startup; kopf fills them before any event handler runs) and the
+    nodes and pods our event handlers keep (complete once `listed` is open: operator/listing.py)."""
 
     configmaps: ConfigMapHashes
+    node_gate: ListingGate
+    pod_gate: ListingGate
     indices: Mapping[str, Any] = field(default_factory=dict)
+    node_infos: dict[str, NodeInfo] = field(default_factory=dict)
+    pods: PodProblems = field(default_factory=PodProblems)
+
+    async def listed(self) -> None:
+        """Once every node and plugin pod the API server had when this began has been shown by the watches."""
+        await asyncio.gather(self.node_gate.wait(), self.pod_gate.wait())
 
     def _index(self, name: str) -> Any:
         return self.indices[name]
@@ -57,14 +67,13 @@ class IndexView:
             yield from store
 
     def nodes(self) -> Iterable[NodeInfo]:
-        for store in list(self._index("node_index").values()):
-            yield from store
+        return list(self.node_infos.values())
 
     def daemonset(self, key: ConfigKey) -> Mapping[str, Any] | None:
         return _first(self._index("daemonset_index").get(key))
 
     def pod_problems(self, key: ConfigKey) -> Iterable[PodProblem]:
-        return [p for p in self._index("pod_index").get(key) or () if p is not None]
+        return self.pods.of(key)
 
     async def configmap_hash(self, namespace: str, name: str) -> str | None:
         return await self.configmaps.hash(namespace, name)
@@ -120,7 +129,7 @@ def install(
     cms = {"version": "v1", "plural": "configmaps", "registry": registry}
     # Last seen placement per config and labels/taints per node: only a change there moves node ownership.
     placements: dict[ConfigKey, _Placement] = {}
-    node_seen: dict[str, NodeInfo] = {}
+    node_seen = view.node_infos
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -129,10 +138,8 @@ def install(
 
     @kopf.on.startup(registry=registry)
     async def start(memo: kopf.Memo, **kwargs: Any) -> None:
-        view.indices = {
-            k: kwargs[k] for k in ("dpc_index", "node_index", "daemonset_index", "pod_index", "configmap_refs")
-        }
-        memo["reconciler_task"] = asyncio.create_task(reconciler.run(), name="reconciler")
+        view.indices = {k: kwargs[k] for k in ("dpc_index", "daemonset_index", "configmap_refs")}
+        memo["reconciler_task"] = asyncio.create_task(_run_when_listed(view, reconciler), name="reconciler")
         if watchdog is not None:
             watchdog.start()
         install_block_signal(asyncio.get_running_loop())  # tests only (DEVICEPLANE_DEBUG_FAULTS=1)
@@ -151,20 +158,10 @@ def install(
     def dpc_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, Any]:
         return {key_of(body): _slim(body)}
 
-    @kopf.index(**nodes, id="node_index")  # type: ignore[arg-type]
-    def node_index(body: kopf.Body, **_: Any) -> dict[str, NodeInfo]:
-        info = node_info(body)
-        return {info.name: info}
-
     @kopf.index(**dss, labels=MANAGED, id="daemonset_index")  # type: ignore[arg-type]
     def daemonset_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, Any]:
         key = _daemonset_key(body)
         return {key: _slim(body)} if key else {}
-
-    @kopf.index(**pods, labels=MANAGED, id="pod_index")  # type: ignore[arg-type]
-    def pod_index(body: kopf.Body, **_: Any) -> dict[ConfigKey, PodProblem | None]:
-        key = _owner_key(body)
-        return {key: pod_problem(body)} if key else {}
 
     @kopf.index(**dpcs, id="configmap_refs")  # type: ignore[arg-type]
     def configmap_refs(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ConfigKey]:
@@ -188,9 +185,11 @@ def install(
             affected = {p.resource for p in (before, now) if p is not None}
             reconciler.enqueue_all(k for k, p in placements.items() if p.resource in affected)
 
+    # Nodes and pods: event handlers keeping our own caches, not kopf indexes (see operator/listing.py).
     @kopf.on.event(**nodes)  # type: ignore[arg-type]
     def node_event(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> None:
         info = node_info(body)
+        view.node_gate.shown(body["metadata"]["uid"])
         gone = event.get("type") == "DELETED"
         if gone:
             changed = node_seen.pop(info.name, None) is not None
@@ -209,8 +208,12 @@ def install(
             reconciler.enqueue(key)
 
     @kopf.on.event(**pods, labels=MANAGED)  # type: ignore[arg-type]
-    def pod_event(body: kopf.Body, **_: Any) -> None:
+    def pod_event(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> None:
         key = _owner_key(body)
+        uid = body["metadata"]["uid"]
+        gone = event.get("type") == "DELETED"
+        view.pods.observed(uid, None if gone else key, None if gone or key is None else pod_problem(body))
+        view.pod_gate.shown(uid)
         if key is not None and key in placements:
             reconciler.enqueue(key)
 
@@ -221,6 +224,12 @@ def install(
         gone = event.get("type") == "DELETED"
         view.configmaps.observed(namespace, name, None if gone else body, referenced=bool(referrers))
         reconciler.enqueue_all(referrers)
+
+
+async def _run_when_listed(view: IndexView, reconciler: Reconciler) -> None:
+    # Configs and DaemonSets are kopf indexes, filled before any handler runs; nodes and pods are ours.
+    await view.listed()
+    await reconciler.run()
 
 
 def _placement_may_change(body: Mapping[str, Any]) -> bool:

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -35,9 +36,14 @@ def load_client(kubeconfig: str | None) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
+def _uids(answer: Mapping[str, Any]) -> set[str]:
+    return {str(item["metadata"]["uid"]) for item in answer.get("items") or []}
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT) -> None:
         self._request_timeout = request_timeout
+        self._pool = api_client.rest_client.pool_manager
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
@@ -63,6 +69,26 @@ class KubeApi:
         items = answer.get("items") or []
         return dict(items[0]) if items else None
 
+    async def list_node_uids(self) -> set[str]:
+        answer = await self._json(lambda **kw: self._core.list_node(**kw))
+        return _uids(answer)
+
+    async def list_pod_uids(self, label_selector: str, namespaces: tuple[str, ...] = ()) -> set[str]:
+        """The uids of the pods with these labels, in `namespaces` (none: all)."""
+        if not namespaces:
+            answer = await self._json(
+                lambda **kw: self._core.list_pod_for_all_namespaces(label_selector=label_selector, **kw)
+            )
+            return _uids(answer)
+        uids: set[str] = set()
+        for namespace in namespaces:
+            uids |= _uids(
+                await self._json(
+                    lambda ns, **kw: self._core.list_namespaced_pod(ns, label_selector=label_selector, **kw), namespace
+                )
+            )
+        return uids
+
     async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
         """core/v1 Events in a namespace matching a field selector (e.g. one object's FailedCreate events)."""
         answer = await self._json(
@@ -84,7 +110,14 @@ class KubeApi:
 
     async def _json(self, call: Any, *args: Any) -> dict[str, Any]:
         def run() -> dict[str, Any]:
-            response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
+            try:
+                response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
+            except urllib3.exceptions.HTTPError:
+                # A timeout or lost connection: the pool's idle connections went through the same outage and may be
+                # as dead, silently; requests at once (the reconciler's workers) would each take one and wait out
+                # its timeout. Drop them: the next requests dial new connections.
+                self._pool.clear()
+                raise
             return dict(json.loads(response.data or b"{}"))
 
         return await asyncio.to_thread(run)

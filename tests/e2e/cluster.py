@@ -273,26 +273,14 @@ class Cluster:
 
     def create_node(self, name: str, *, labels: Mapping[str, str] | None = None) -> None:
         """Create a Node kwok keeps Ready, with the given labels."""
-        cap = {"cpu": "32", "memory": "256Gi", "pods": "110"}
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    KWOK_NODE_LABEL: "true",
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "kwok",
-                    **(labels or {}),
-                },
-                "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
-            },
-            "status": {"capacity": cap, "allocatable": cap},
-        }
-        # The apiserver keeps the status sent with a Node's create (unlike most kinds): no status patch needed.
-        self.kubectl("create", "-f", "-", input=json.dumps(node))
+        self.create_nodes([name], labels=labels)
+
+    def create_nodes(self, names: Sequence[str], *, labels: Mapping[str, str] | None = None) -> None:
+        """Create Nodes kwok keeps Ready, with the given labels: up to 500 in one request."""
+        for start in range(0, len(names), 500):
+            nodes = [_kwok_node(name, labels) for name in names[start : start + 500]]
+            # The apiserver keeps the status sent with a Node's create (unlike most kinds): no status patch needed.
+            self.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
 
     def node_ready(self, name: str) -> bool:
         node = self.get_json("node", name)
@@ -358,3 +346,24 @@ def serve_cluster(
         raise
     yield started
     started.stop()
+
+
+def _kwok_node(name: str, labels: Mapping[str, str] | None) -> dict[str, Any]:
+    cap = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                KWOK_NODE_LABEL: "true",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **(labels or {}),
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "status": {"capacity": cap, "allocatable": cap},
+    }

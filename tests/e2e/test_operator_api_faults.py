@@ -4,8 +4,9 @@ once and fails within its timeout, urllib3 logs nothing of its own, and the reco
 transient (its per-config backoff is the one retry). With urllib3's default retries, a read or a DaemonSet
 replace was sent 4 times, on 4 connections, each after a timeout (30 s in production) and with a WARNING.
 
-kopf's own requests (its watches) go through aiohttp, not urllib3: their retry is kopf's
-settings.networking.error_backoffs, left as it is."""
+After an outage, the connections idle in the client's pool are dropped at the first failure, so requests made at
+once do not each wait out a dead one. kopf's own requests (its lists and watches) go through aiohttp, not urllib3:
+their timeouts and retries are set in deviceplane/operator/kopf_network.py (tests/e2e/test_operator_api_outage.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import CoreV1Api
 
 from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.operator.kube import KubeApi, load_client
@@ -78,3 +80,36 @@ def test_a_request_to_an_api_server_that_stopped_answering_is_sent_once_without_
         assert retried == [], f"{what}: urllib3 retried it: {retried}"
         assert proxy.accepted - connections <= 1, f"{what}: {proxy.accepted - connections} connections for one request"
         assert elapsed < 3 * TIMEOUT, f"{what}: failed after {elapsed:.1f} s, for a {TIMEOUT} s timeout"
+
+
+def test_after_one_request_timed_out_requests_at_once_do_not_take_the_other_dead_pooled_connections(
+    cluster: Cluster, proxy: TcpProxy, namespace: str, tmp_path: Path
+) -> None:
+    """Connections idle in the client's pool during an outage stay silent after it (tcp_proxy's restore: as after a
+    lost NAT entry), and urllib3 cannot tell before sending on one. One request after another takes a new connection
+    after a failure (the pool is a stack, the failed connection's place goes on top), but requests at once - the
+    reconciler's workers - took the dead ones, each to wait out its timeout. After the first timeout the pool is now
+    dropped, so they all dial new connections."""
+    assert cluster.pki is not None
+    path = tmp_path / "operator.kubeconfig"
+    api_client = load_client(str(cluster.pki.kubeconfig(f"https://{proxy.address}", "admin", ("system:masters",),
+                                                        path=path)))  # fmt: skip
+    api = KubeApi(api_client, request_timeout=TIMEOUT)
+    core = CoreV1Api(api_client)
+    held = [core.list_namespace(_preload_content=False) for _ in range(3)]  # three connections at once
+    for response in held:
+        response.read()  # to its end: a connection with an unread answer is not reused
+        response.release_conn()  # all three idle in the pool
+    assert proxy.accepted == 3
+
+    assert proxy.blackhole(new_connections=True) == 3
+    proxy.restore()  # new connections work; the three pooled ones stay silent
+    with pytest.raises(Exception) as first:
+        asyncio.run(api.get_daemonset(namespace, "absent"))
+    assert is_transient(first.value), repr(first.value)
+
+    async def three_at_once() -> list[BaseException | dict[str, Any]]:
+        return await asyncio.gather(*(api.get_daemonset(namespace, "absent") for _ in range(3)), return_exceptions=True)
+
+    answers = asyncio.run(three_at_once())
+    assert all(getattr(a, "status", None) == 404 for a in answers), f"not all answered: {answers!r}"

@@ -2,7 +2,7 @@
 test can cut (both ends see the connection closed mid-stream, as when a server restarts) or blackhole (nothing more
 is forwarded either way and nothing is closed: a connection that died silently, as behind a lost NAT entry).
 Connections opened after a fault are forwarded as usual, unless the blackhole takes new ones too (a server that
-takes connections and never answers)."""
+takes connections and never answers) until `restore`."""
 
 from __future__ import annotations
 
@@ -62,6 +62,13 @@ class TcpProxy:
         for link in links:
             link.forwarding = False
         return len(links)
+
+    def restore(self) -> None:
+        """Forward on connections accepted from now on again (ends `blackhole(new_connections=True)`). The blackholed
+        ones stay silent, open on both ends: connections that died in an outage (a lost NAT or load-balancer entry, an
+        API server host replaced) do not come back with the server, so the client has to notice them."""
+        with self._lock:
+            self._blackhole_new = False
 
     def close(self) -> None:
         self._closed.set()

@@ -1,0 +1,108 @@
+"""The operator starting in a cluster of NODES kwok nodes, each running the plugin pod of one config (the DaemonSet
+controller made them, kwok runs them): what it costs until its first reconciliation, and that this restart writes
+nothing (it reconciled with every node and pod listed, not a part).
+
+With nodes and plugin pods in kopf indexes, kopf kept a readiness toggle per node and pod at startup and woke every
+waiting object at each change: 11.5 s of CPU before the first reconciliation here (3.2 s now; benchmarks/
+operator_startup.py has 3000). The operator runs as a process with the manifests' ServiceAccount RBAC."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster import REPO, Cluster
+from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
+from .procs import Procs, wait_for
+from .test_operator_configmaps import cpu_seconds, rss_mib
+
+NODES = 1000
+CPU_BUDGET = 5.0  # seconds of the operator's CPU, Python's start included (~1 s), until its first reconciliation
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Cluster:
+    cluster.kubectl("apply", "-f", str(REPO / "manifests"))
+    cluster.kubectl("wait", "--for=condition=Established", "crd/devicepluginconfigs.deviceplane.io", "--timeout=60s")
+    return cluster
+
+
+def ready_nodes(cluster: Cluster, selector: str) -> int:
+    nodes = cluster.get_json("nodes", "-l", selector)["items"]
+    return sum(any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", []))
+               for n in nodes)  # fmt: skip
+
+
+def pods_ready(cluster: Cluster, namespace: str) -> int:
+    try:
+        status = cluster.get_json("daemonset", "scale-plugin", "-n", namespace).get("status") or {}
+    except Exception:
+        return 0
+    return int(status.get("numberReady", 0))
+
+
+@pytest.fixture
+def plugin_pods_everywhere(installed: Cluster, procs: Procs, namespace: str, tmp_path: Path) -> Iterator[Path]:
+    """NODES kwok nodes and a config running its plugin on each, Running; the operator that made them stopped.
+    Yields the operator's kubeconfig; removes the config, then the nodes."""
+    cluster = installed
+    tag = os.urandom(3).hex()
+    selector = f"e2e-scale-{tag}=1"
+    cluster.create_nodes([f"scale-{tag}-{i:04d}" for i in range(NODES)], labels={f"e2e-scale-{tag}": "1"})
+    try:
+        wait_for(f"{NODES} kwok nodes Ready", lambda: ready_nodes(cluster, selector) == NODES, procs=cluster.started,
+                 timeout=300, interval=2)  # fmt: skip
+        cluster.kubectl("taint", "nodes", "-l", selector, "node.kubernetes.io/not-ready:NoSchedule-")
+        cluster.apply({
+            "apiVersion": "deviceplane.io/v1alpha1", "kind": "DevicePluginConfig",
+            "metadata": {"name": "scale", "namespace": namespace},
+            "spec": {"resourceName": f"example.com/scale-{tag}", "image": "localhost/deviceplane:0.1.0",
+                     "nodeSelector": {f"e2e-scale-{tag}": "1"}},
+        })  # fmt: skip
+        assert cluster.pki is not None
+        kubeconfig = cluster.pki.kubeconfig(cluster.server, OPERATOR_USER, OPERATOR_GROUPS,
+                                            path=tmp_path / "op.kubeconfig")  # fmt: skip
+        first = Operator(cluster, procs, kubeconfig)
+        first.start()
+        try:
+            wait_for(f"{NODES} plugin pods Ready", lambda: pods_ready(cluster, namespace) == NODES,
+                     procs=[p for p in (first.proc,) if p], timeout=600, interval=2)  # fmt: skip
+            wait_for("the config's status to show them", lambda: _status_ready(cluster, namespace), timeout=60)
+        finally:
+            first.stop()
+        yield kubeconfig
+    finally:
+        cluster.kubectl("delete", "dpc", "scale", "-n", namespace, "--ignore-not-found", "--wait=true", check=False)
+        cluster.kubectl("delete", "nodes", "-l", selector, "--wait=false", check=False)
+
+
+def _status_ready(cluster: Cluster, namespace: str) -> bool:
+    status = cluster.get_json("dpc", "scale", "-n", namespace).get("status") or {}
+    return int(status.get("numberReady", -1)) == NODES and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+    )
+
+
+def test_the_operator_starts_among_many_nodes_and_plugin_pods_cheaply_and_writes_nothing(
+    plugin_pods_everywhere: Path, installed: Cluster, procs: Procs, namespace: str
+) -> None:
+    op = Operator(installed, procs, plugin_pods_everywhere)
+    writes_before = len(op.writes())
+    op.start()
+    try:
+        assert op.proc is not None
+        wait_for("the operator's first reconciliation", lambda: op.metric("deviceplane_operator_reconcile_total") >= 1,
+                 procs=[op.proc], timeout=300, interval=0.1)  # fmt: skip
+        spent = cpu_seconds(op.proc.pid)
+        print(f"operator CPU until its first reconciliation beside {NODES} nodes and plugin pods: {spent:.2f} s; "
+              f"RSS {rss_mib(op.proc.pid):.0f} MiB")  # fmt: skip
+        assert spent < CPU_BUDGET, f"{spent:.1f} s of CPU to start beside {NODES} nodes and plugin pods"
+        time.sleep(5)  # the rest of its startup reconciliations
+        ours = [w for w in op.writes()[writes_before:] if (w.get("objectRef") or {}).get("namespace") == namespace]
+        assert ours == [], f"the restarted operator wrote: {[w.get('requestURI') for w in ours]}"
+    finally:
+        op.stop()
