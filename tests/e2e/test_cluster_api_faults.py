@@ -18,6 +18,7 @@ import pytest
 
 from deviceplane.agent.kube.backoff import Backoff
 from deviceplane.agent.kube.client import KubeApi, api_client
+from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.events import warning_event
 from deviceplane.agent.kube.pod_watch import ApiPodSource
 from deviceplane.core.pods import Pod
@@ -245,3 +246,31 @@ def test_pod_refused_again_after_a_restart_has_one_event_counted_twice(
     (again,) = events()
     assert again["metadata"]["name"] == first["metadata"]["name"]
     assert again["firstTimestamp"] == first["firstTimestamp"] and again["lastTimestamp"] >= first["lastTimestamp"]
+
+
+def test_after_one_request_failed_requests_at_once_do_not_take_the_other_dead_pooled_connections(
+    cluster: Cluster, proxy: TcpProxy, tmp_path: Path
+) -> None:
+    """Connections idle in the client's pool through an outage stay silent after it (tcp_proxy's restore, as after a
+    lost NAT entry); urllib3 cannot tell before sending on one. The publishers retrying at once each took one and
+    waited out its 15 s read timeout. After the first failure the pool is now dropped, so they dial anew."""
+    api = proxied_admin(cluster, proxy, tmp_path)
+    held = [api.core.list_namespace(_preload_content=False) for _ in range(3)]  # three connections at once
+    for response in held:
+        response.read()  # to its end: a connection with an unread answer is not reused
+        response.release_conn()  # all three idle in the pool
+    assert proxy.accepted == 3
+
+    assert proxy.blackhole(new_connections=True) == 3
+    proxy.restore()  # new connections work; the three pooled ones stay silent
+    with pytest.raises(KubeError, match="ReadTimeoutError"):
+        api.get_node("absent")
+
+    async def three_at_once() -> list[BaseException | dict[str, Any] | None]:
+        reads = (asyncio.to_thread(api.get_node, "absent") for _ in range(3))
+        return await asyncio.gather(*reads, return_exceptions=True)
+
+    started = time.monotonic()
+    answers = asyncio.run(three_at_once())
+    assert answers == [None, None, None], f"not all answered: {answers!r}"
+    assert time.monotonic() - started < 10

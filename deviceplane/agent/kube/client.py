@@ -79,30 +79,6 @@ def _describe(err: ApiException) -> str:
     return f"{err.status} {err.reason}: {message or (err.body or '')[:500]}"
 
 
-def _call(what: str, fn: Callable[[], T]) -> T:
-    """Run one request, its body read included; any failure becomes a KubeError saying what was attempted."""
-    try:
-        return fn()
-    except ApiException as err:
-        raise KubeError(f"{what}: {_describe(err)}", err.status or 0) from err
-    except Exception as err:  # urllib3/ssl/socket errors: the server is unreachable or the connection broke
-        raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
-
-
-def _read(what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
-    """A GET: the object, or None when it does not exist."""
-    try:
-        return dict(_call(what, lambda: _json(fn())))
-    except KubeError as err:
-        if err.status == 404:
-            return None
-        raise
-
-
-def _write(what: str, fn: Callable[[], Any]) -> None:
-    _call(what, lambda: _drain(fn()))
-
-
 # With _preload_content=False a request returns once the headers are in: the body is read here, inside `_call`, so
 # a connection cut while it arrives is a KubeError too (it escaped as urllib3's ProtocolError).
 def _json(response: Any) -> Any:
@@ -136,9 +112,35 @@ class KubeApi:
         self.core: Any = k8s.CoreV1Api(client)
         self.custom: Any = k8s.CustomObjectsApi(client)
         self.host = str(client.configuration.host)
+        self._pool = client.rest_client.pool_manager
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one request, its body read included; any failure becomes a KubeError saying what was attempted."""
+        try:
+            return fn()
+        except ApiException as err:
+            raise KubeError(f"{what}: {_describe(err)}", err.status or 0) from err
+        except Exception as err:  # urllib3/ssl/socket errors: the server is unreachable or the connection broke
+            # The pool's idle connections went through the same outage and may be as dead, silently (a lost NAT
+            # entry): the publishers' retries at once would each take one and wait out its read timeout. Dropped, so
+            # the next requests dial anew (as the operator's client does, operator/kube.py).
+            self._pool.clear()
+            raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
+
+    def _read(self, what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
+        """A GET: the object, or None when it does not exist."""
+        try:
+            return dict(self._call(what, lambda: _json(fn())))
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def _write(self, what: str, fn: Callable[[], Any]) -> None:
+        self._call(what, lambda: _drain(fn()))
 
     def version(self) -> str:
-        body = _call(
+        body = self._call(
             f"GET {self.host}/version",
             lambda: _json(
                 k8s.VersionApi(self.client).get_code(_request_timeout=REQUEST_TIMEOUT, _preload_content=False)
@@ -149,14 +151,14 @@ class KubeApi:
     # -- nodes ------------------------------------------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict[str, Any] | None:
-        return _read(
+        return self._read(
             f"get node {name}",
             lambda: self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False),
         )
 
     def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:
         """A strategic merge patch of the Node's status: map keys not in `patch` are left alone."""
-        _write(
+        self._write(
             f"patch node {name} status",
             lambda: self.core.patch_node_status(name, patch, _content_type=STRATEGIC_MERGE_PATCH, **WRITE_OPTIONS),
         )
@@ -164,7 +166,7 @@ class KubeApi:
     # -- NodeDevices ------------------------------------------------------------------------------------------------
 
     def get_node_devices(self, name: str) -> dict[str, Any] | None:
-        return _read(
+        return self._read(
             f"get nodedevices {name}",
             lambda: self.custom.get_cluster_custom_object(
                 GROUP, VERSION, NODE_DEVICES_PLURAL, name, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
@@ -172,7 +174,7 @@ class KubeApi:
         )
 
     def create_node_devices(self, body: dict[str, Any]) -> None:
-        _write(
+        self._write(
             f"create nodedevices {body['metadata']['name']}",
             lambda: self.custom.create_cluster_custom_object(
                 GROUP, VERSION, NODE_DEVICES_PLURAL, body, **WRITE_OPTIONS
@@ -182,7 +184,7 @@ class KubeApi:
     def patch_node_devices_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of the status; the object as stored (its metadata tells whether it still has its owner)."""
         return dict(
-            _call(
+            self._call(
                 f"patch nodedevices {name} status",
                 lambda: _json(self.custom.patch_cluster_custom_object_status(
                     GROUP, VERSION, NODE_DEVICES_PLURAL, name, {"status": status}, _content_type=MERGE_PATCH,
@@ -193,7 +195,7 @@ class KubeApi:
 
     def patch_node_devices(self, name: str, patch: dict[str, Any]) -> None:
         """A merge patch of the object (its metadata: the ownerReference restored)."""
-        _write(
+        self._write(
             f"patch nodedevices {name}",
             lambda: self.custom.patch_cluster_custom_object(
                 GROUP, VERSION, NODE_DEVICES_PLURAL, name, patch, _content_type=MERGE_PATCH, **WRITE_OPTIONS
@@ -204,7 +206,7 @@ class KubeApi:
 
     def list_pods(self, node: str) -> tuple[list[dict[str, Any]], str]:
         """Every pod bound to `node`, and the list's resourceVersion (to watch from)."""
-        body = _call(
+        body = self._call(
             f"list pods on {node}",
             lambda: _json(
                 self.core.list_pod_for_all_namespaces(
@@ -224,7 +226,7 @@ class KubeApi:
         Raises ResourceExpired when the version is too old (410), KubeError on other errors: the request's, and the
         stream's (the connection cut, or silent for `read_timeout` seconds)."""
         what = f"watch pods on {node}"
-        response = _call(
+        response = self._call(
             what,
             lambda: self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={node}",
@@ -251,7 +253,7 @@ class KubeApi:
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         """Raises KubeError with status 409 when an event of that name exists."""
-        _write(
+        self._write(
             f"create event {namespace}/{body['metadata']['name']}",
             lambda: self.core.create_namespaced_event(
                 namespace, body, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
@@ -259,7 +261,7 @@ class KubeApi:
         )
 
     def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return _read(
+        return self._read(
             f"get event {namespace}/{name}",
             lambda: self.core.read_namespaced_event(
                 name, namespace, _request_timeout=REQUEST_TIMEOUT, _preload_content=False
@@ -268,7 +270,7 @@ class KubeApi:
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A merge patch of the event (its count, lastTimestamp and message)."""
-        _write(
+        self._write(
             f"patch event {namespace}/{name}",
             lambda: self.core.patch_namespaced_event(
                 name, namespace, patch, _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT,
