@@ -22,7 +22,7 @@ from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.events import warning_event
 from deviceplane.agent.kube.pod_watch import ApiPodSource
 from deviceplane.core.pods import Pod
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, silenced_pooled_connections
 
 from .agent_cluster import bound_token, daemonset_pod, token_kubeconfig
 from .cluster import Cluster
@@ -255,14 +255,7 @@ def test_after_one_request_failed_requests_at_once_do_not_take_the_other_dead_po
     lost NAT entry); urllib3 cannot tell before sending on one. The publishers retrying at once each took one and
     waited out its 15 s read timeout. After the first failure the pool is now dropped, so they dial anew."""
     api = proxied_admin(cluster, proxy, tmp_path)
-    held = [api.core.list_namespace(_preload_content=False) for _ in range(3)]  # three connections at once
-    for response in held:
-        response.read()  # to its end: a connection with an unread answer is not reused
-        response.release_conn()  # all three idle in the pool
-    assert proxy.accepted == 3
-
-    assert proxy.blackhole(new_connections=True) == 3
-    proxy.restore()  # new connections work; the three pooled ones stay silent
+    silenced_pooled_connections(proxy, lambda: api.core.list_namespace(_preload_content=False), 3)
     with pytest.raises(KubeError, match="ReadTimeoutError"):
         api.get_node("absent")
 

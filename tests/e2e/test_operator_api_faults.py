@@ -25,7 +25,7 @@ from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.names import ConfigKey
 from deviceplane.operator.reconciler import is_transient
 from deviceplane.operator.render import Owner, render_daemonset
-from tests.support.tcp_proxy import TcpProxy
+from tests.support.tcp_proxy import TcpProxy, silenced_pooled_connections
 
 from .cluster import Cluster
 
@@ -96,14 +96,7 @@ def test_after_one_request_timed_out_requests_at_once_do_not_take_the_other_dead
                                                         path=path)))  # fmt: skip
     api = KubeApi(api_client, request_timeout=TIMEOUT)
     core = CoreV1Api(api_client)
-    held = [core.list_namespace(_preload_content=False) for _ in range(3)]  # three connections at once
-    for response in held:
-        response.read()  # to its end: a connection with an unread answer is not reused
-        response.release_conn()  # all three idle in the pool
-    assert proxy.accepted == 3
-
-    assert proxy.blackhole(new_connections=True) == 3
-    proxy.restore()  # new connections work; the three pooled ones stay silent
+    silenced_pooled_connections(proxy, lambda: core.list_namespace(_preload_content=False), 3)
     with pytest.raises(Exception) as first:
         asyncio.run(api.get_daemonset(namespace, "absent"))
     assert is_transient(first.value), repr(first.value)

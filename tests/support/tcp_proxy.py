@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -116,3 +118,16 @@ class TcpProxy:
                 dst.shutdown(socket.SHUT_WR)  # pass the end on: a half-close stays a half-close
         except OSError:
             pass
+
+
+def silenced_pooled_connections(proxy: TcpProxy, request: Callable[[], Any], count: int) -> None:
+    """`count` connections left idle in a Kubernetes client's pool (`request`: one of its calls made with
+    `_preload_content=False`, made `count` times at once), then silenced, as after a lost NAT entry: the proxy
+    forwards new connections again, the pooled ones stay silent."""
+    held = [request() for _ in range(count)]
+    for response in held:
+        response.read()  # to its end: a connection with an unread answer is not reused
+        response.release_conn()  # idle in the pool
+    assert proxy.accepted == count
+    assert proxy.blackhole(new_connections=True) == count
+    proxy.restore()
