@@ -449,8 +449,11 @@ class Reconciler:
             if is_transient(exc):
                 self._metrics.failures.labels("api_error").inc()
                 message = f"the API server did not take the DaemonSet ({_describe(exc)}): retrying"
+                log.warning("reconcile %s: %s", key, message)  # the retry's own line says when
                 return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
             cause, message = _refusal(key, exc)
+            if cause != "internal":  # an internal failure is logged with its traceback by _refusal
+                log.warning("reconcile %s: %s", key, message)
             self._metrics.failures.labels(cause).inc()
             return _Applied(live, problem=("DaemonSetRejected", message), refused=cause)
         return _Applied(written or live, changed=written is not None)

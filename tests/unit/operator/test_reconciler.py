@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -222,17 +223,21 @@ def test_a_transient_api_failure_is_retried_until_the_daemonset_exists(errors: l
     assert reconciler._backoff.failures == {}, "the backoff must be reset by the success"
 
 
-def test_a_transient_failure_is_reported_while_retrying() -> None:
-    """While the API server keeps answering 503, Degraded says the DaemonSet write failed and is being retried."""
+def test_a_transient_failure_is_reported_while_retrying(caplog: pytest.LogCaptureFixture) -> None:
+    """While the API server keeps answering 503, Degraded says the DaemonSet write failed and is being retried, and
+    so does the log, with the cause (it said only when the next attempt would be)."""
     view = FakeView(config_body())
     reconciler, api, _ = started(view, [api_error(503)] * 100)
-    run_workers(reconciler, lambda: len(api.creates) >= 3)
+    with caplog.at_level(logging.WARNING, logger="deviceplane.operator"):
+        run_workers(reconciler, lambda: len(api.creates) >= 3)
     assert len(api.creates) >= 3
     degraded = conditions(api)["Degraded"]
     assert degraded["reason"] == "DaemonSetWriteFailed" and "retrying" in degraded["message"], degraded
+    failed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "DaemonSet" in r.getMessage()]
+    assert len(failed) >= 3 and all("503" in line and str(KEY) in line for line in failed), failed
 
 
-def test_a_4xx_refusal_is_final_until_the_config_changes() -> None:
+def test_a_4xx_refusal_is_final_until_the_config_changes(caplog: pytest.LogCaptureFixture) -> None:
     """422 will not pass by itself: one attempt, reported as DaemonSetRejected, no retry however long we wait, and
     not re-sent on events that change neither the rendering nor the DaemonSet (its own status write, an annotation
     on the config: each brought one more refused create); a spec change makes the next attempt."""
@@ -259,10 +264,13 @@ def test_a_4xx_refusal_is_final_until_the_config_changes() -> None:
         await asyncio.sleep(50 * FAST_RETRY)
         task.cancel()
 
-    asyncio.run(go())
+    with caplog.at_level(logging.WARNING, logger="deviceplane.operator"):
+        asyncio.run(go())
     assert len(api.creates) == 2
     degraded = conditions(api)["Degraded"]
     assert degraded["reason"] == "DaemonSetRejected" and "still invalid" in degraded["message"], degraded
+    refused = [r.getMessage() for r in caplog.records if "refused the DaemonSet" in r.getMessage()]
+    assert len(refused) == 2 and "still invalid" in refused[1], refused  # once per refused write, not per reconcile
 
 
 def client_refusal() -> ValidationError:
