@@ -128,3 +128,9 @@ def test_operator_flags_and_defaults() -> None:
         if default is not None:
             stated = f"{flag}` [{default}" in text or (len(default) > 3 and f"`{default}`" in text)
             assert stated, f"docs/operator.md: {flag}'s default {default} is not stated"
+
+
+def test_demo_flags_are_in_the_readme() -> None:
+    text = section("README.md", "## Two commands")
+    for flag in options("demo"):
+        assert re.search(rf"`{flag}\b", text), f"README.md (Two commands): deviceplane demo {flag} is not documented"
