@@ -42,7 +42,7 @@ def written_default(action: argparse.Action) -> str | None:
         return None
     if action.type is duration:
         return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
-    return str(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def section(path: str, heading: str) -> str:
@@ -134,3 +134,15 @@ def test_demo_flags_are_in_the_readme() -> None:
     text = section("README.md", "## Two commands")
     for flag in options("demo"):
         assert re.search(rf"`{flag}\b", text), f"README.md (Two commands): deviceplane demo {flag} is not documented"
+
+
+@pytest.mark.parametrize(
+    "command", [("agent",), ("operator",), ("plugin", "sim"), ("plugin", "files"), ("status",)], ids=" ".join
+)
+def test_help_states_the_default(command: tuple[str, ...]) -> None:
+    """`--help` writes each default in brackets at the end, by hand where it is a constant's (`[1s]`, `[128]`)."""
+    for flag, action in options(*command).items():
+        default = written_default(action)
+        stated = re.findall(r"\[([^\]]*)\]", (action.help or "") % {**vars(action), "prog": ""})
+        if default is not None and stated:
+            assert re.split(r";|: |, | = | \(", stated[-1])[0] == default, f"{flag}: help says [{stated[-1]}]"
