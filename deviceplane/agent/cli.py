@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 from deviceplane import logs
-from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS
 from deviceplane.agent.busy_poll import BUSY_POLL_SECONDS, BusyPoll
 from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
 from deviceplane.agent.plugins.startup_wait import STARTUP_PLUGIN_WAIT_SECONDS
 from deviceplane.core.constants import (
+    ALLOCATE_TIMEOUT_SECONDS,
     DEVICE_PLUGIN_PATH,
     DIAL_TIMEOUT_SECONDS,
     ENDPOINT_STOP_GRACE_PERIOD_SECONDS,
