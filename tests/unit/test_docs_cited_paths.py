@@ -89,3 +89,42 @@ def test_cited_tests_exist(doc: str) -> None:
         if test not in all_test_functions() and not any((REPO / "tests").rglob(f"{test}.py")):
             missing.append(test)
     assert missing == [], f"{doc} names tests that do not exist"
+
+
+# docs/architecture.md names the agent's objects as the code does: every CamelCase name in it is a class, function or
+# module-level name of deviceplane/, and every `Class.member` a member of that class. These are not code.
+NOT_CODE = {"BufferedProtocol", "NodeDevices", "PodResources", "PreStart"}
+
+
+@cache
+def code_names() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
+    """(every class, function and module-level name in deviceplane/, {class: its methods and attributes})."""
+    names: set[str] = set()
+    members: dict[str, frozenset[str]] = {}
+    for path in (REPO / "deviceplane").rglob("*.py"):
+        names |= defined(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                names.add(node.name)
+                found = {n.name for n in ast.walk(node) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+                found |= {
+                    n.target.id
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                }
+                found |= {
+                    n.attr
+                    for n in ast.walk(node)
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+                }
+                members[node.name] = members.get(node.name, frozenset()) | found
+    return frozenset(names), members
+
+
+def test_architecture_names_the_codes_objects() -> None:
+    text = (REPO / "docs/architecture.md").read_text()
+    names, members = code_names()
+    unknown = sorted(set(re.findall(r"\b[A-Z][a-z0-9]+[A-Z]\w*\b", text)) - names - NOT_CODE)
+    assert unknown == [], "docs/architecture.md names what deviceplane/ does not define"
+    cited = set(re.findall(r"\b([A-Z][A-Za-z0-9]+)\.([a-z_]\w*)\b", text))
+    assert sorted(f"{c}.{m}" for c, m in cited if c in members and m not in members[c]) == []
