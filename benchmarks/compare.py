@@ -19,7 +19,7 @@ Workloads per side and run (admission phase, then a fresh process for the device
 
 Writes <out>/compare.md, compare.png and compare.json.
 
-    python benchmarks/compare.py [--runs 2] [--pods 100] [--filler 5000] [--profile DIR]
+    python benchmarks/compare.py [--runs 2] [--pods 200] [--filler 5000] [--profile DIR]
     python benchmarks/compare.py --runs 6 --only registration --out /tmp/reg   # one part alone, for A/B runs
 """
 

@@ -27,7 +27,7 @@ from deviceplane.agent.admission.admitter import (
     AdmissionSettings,
     Admitter,
 )
-from deviceplane.agent.admission.plugin_calls import ALLOCATE_TIMEOUT_SECONDS, PluginCalls
+from deviceplane.agent.admission.plugin_calls import PluginCalls
 from deviceplane.agent.admission.pod_source import PodSource, StaticPodDirectory
 from deviceplane.agent.admission.runner import AdmissionRunner
 from deviceplane.agent.busy_poll import BusyPoll
@@ -65,7 +65,7 @@ from deviceplane.agent.tasks import TaskFactory
 from deviceplane.aio import cancel_and_wait
 from deviceplane.core.allocator import Allocator
 from deviceplane.core.checkpoint import CheckpointEncoder
-from deviceplane.core.constants import DIAL_TIMEOUT_SECONDS, KUBELET_POD_RESOURCES_SOCKET
+from deviceplane.core.constants import ALLOCATE_TIMEOUT_SECONDS, DIAL_TIMEOUT_SECONDS, KUBELET_POD_RESOURCES_SOCKET
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import DeviceRegistry

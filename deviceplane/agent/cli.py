@@ -11,7 +11,14 @@ from deviceplane import logs
 from deviceplane.agent.busy_poll import BUSY_POLL_SECONDS, BusyPoll
 from deviceplane.agent.heap import SETTLE_INTERVAL_SECONDS
 from deviceplane.agent.kube.mode import NODEDEVICES_DEBOUNCE_SECONDS, NODEDEVICES_MAX_DEVICES
-from deviceplane.core.constants import DEVICE_PLUGIN_PATH, KUBELET_POD_RESOURCES_SOCKET
+from deviceplane.agent.plugins.startup_wait import STARTUP_PLUGIN_WAIT_SECONDS
+from deviceplane.core.constants import (
+    ALLOCATE_TIMEOUT_SECONDS,
+    DEVICE_PLUGIN_PATH,
+    DIAL_TIMEOUT_SECONDS,
+    ENDPOINT_STOP_GRACE_PERIOD_SECONDS,
+    KUBELET_POD_RESOURCES_SOCKET,
+)
 from deviceplane.core.names import is_utf8
 from deviceplane.loop_watchdog import LOOP_STALL_SECONDS
 
@@ -85,21 +92,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--nodedevices-debounce",
         type=duration,
         default=NODEDEVICES_DEBOUNCE_SECONDS,
-        help="at most one NodeDevices write per this interval [1s]",
+        help=f"at most one NodeDevices write per this interval [{NODEDEVICES_DEBOUNCE_SECONDS:g}s]",
     )
     parser.add_argument(
         "--nodedevices-max-devices",
         type=int,
         default=NODEDEVICES_MAX_DEVICES,
-        help="devices listed per resource in NodeDevices (counts stay exact) [128]",
+        help="devices listed per resource in NodeDevices (counts stay exact) [%(default)s]",
     )
     parser.add_argument("--topology-policy", choices=TOPOLOGY_POLICIES, default="none", help="[%(default)s]")
     parser.add_argument("--numa-nodes", type=int, default=None, help="[read from /sys/devices/system/node]")
     parser.add_argument(
         "--grace-period",
         type=duration,
-        default=300.0,
-        help="how long a disconnected plugin's resource stays before it is deleted [300s]",
+        default=ENDPOINT_STOP_GRACE_PERIOD_SECONDS,
+        help="how long a disconnected plugin's resource stays before it is deleted "
+        f"[{ENDPOINT_STOP_GRACE_PERIOD_SECONDS:g}s]",
     )
     parser.add_argument(
         "--http-addr",
@@ -116,26 +124,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plugin-dial-timeout",
         type=duration,
-        default=10.0,
-        help="deadline for dialling a registering plugin and asking its options, together [10s: the kubelet's dial's]",
+        default=DIAL_TIMEOUT_SECONDS,
+        help="deadline for dialling a registering plugin and asking its options, together "
+        f"[{DIAL_TIMEOUT_SECONDS:g}s: the kubelet's dial's]",
     )
     parser.add_argument(
         "--allocate-timeout",
         type=duration,
-        default=10.0,
-        help="deadline of each Allocate / GetPreferredAllocation RPC [10s; the kubelet has none]",
+        default=ALLOCATE_TIMEOUT_SECONDS,
+        help="deadline of each Allocate / GetPreferredAllocation RPC "
+        f"[{ALLOCATE_TIMEOUT_SECONDS:g}s; the kubelet has none]",
     )
     parser.add_argument(
         "--startup-plugin-wait",
         type=duration,
-        default=10.0,
-        help="after start, how long an admission waits for its resources' plugins to register [10s]",
+        default=STARTUP_PLUGIN_WAIT_SECONDS,
+        help="after start, how long an admission waits for its resources' plugins to register "
+        f"[{STARTUP_PLUGIN_WAIT_SECONDS:g}s]",
     )
     parser.add_argument(
         "--mode",
         choices=("agent", "proxy"),
         default="agent",
-        help="agent: allocate for a kubelet-less node; proxy: sit between the plugins and a real kubelet [agent]",
+        help="agent: allocate for a kubelet-less node; proxy: sit between the plugins and a real kubelet [%(default)s]",
     )
     parser.add_argument(
         "--kubelet-dir",

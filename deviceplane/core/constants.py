@@ -21,6 +21,8 @@ CHECKPOINT_TEMP_PREFIX: Final = "."  # checkpoint-store temp files; entries with
 NODE_WITHOUT_TOPOLOGY: Final = -1
 ENDPOINT_STOP_GRACE_PERIOD_SECONDS: Final = 300.0
 DIAL_TIMEOUT_SECONDS: Final = 10.0
+# Ours: the kubelet gives Allocate and GetPreferredAllocation no deadline (`--allocate-timeout`).
+ALLOCATE_TIMEOUT_SECONDS: Final = 10.0
 
 # pkg/kubelet/pluginmanager (plugin watcher) and pluginregistration/v1
 GET_INFO_TIMEOUT_SECONDS: Final = 1.0

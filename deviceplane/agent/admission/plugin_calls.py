@@ -15,10 +15,9 @@ from deviceplane.agent.serving.metrics import AgentMetrics
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.admission_plan import AllocateCall, PreferredCall, PreStartCall
 from deviceplane.core.allocator import AllocationError, AllocationResult
-from deviceplane.core.constants import PRE_START_TIMEOUT_SECONDS
+from deviceplane.core.constants import ALLOCATE_TIMEOUT_SECONDS, PRE_START_TIMEOUT_SECONDS
 from deviceplane.lean_grpc import RpcError
 
-ALLOCATE_TIMEOUT_SECONDS = 10.0
 NO_ENDPOINT = "endpoint not found in cache for a registered resource: {}"
 
 
