@@ -139,7 +139,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--startup-plugin-wait",
         type=duration,
         default=STARTUP_PLUGIN_WAIT_SECONDS,
-        help="after start, how long an admission waits for its resources' plugins to register "
+        help="after start, how long an admission waits for its resources' plugins to come back, and the first "
+        "NodeDevices write for the restored resources' plugins "
         f"[{STARTUP_PLUGIN_WAIT_SECONDS:g}s]",
     )
     parser.add_argument(
