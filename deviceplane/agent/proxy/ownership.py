@@ -103,7 +103,6 @@ class Ownership:
         self._view = KubeletView()
         self._pending: dict[DeviceKey, float] = {}  # allocated through the proxy, not yet listed -> when
         self._wall_clock = wall_clock
-        self.reachable = False
         self.last_listed = 0.0  # Unix time of the last successful listing; 0 before the first
         self._lost: tuple[float, str] | None = None  # since when (clock) and why the kubelet stopped answering
         # Set by the first successful listing: before it, every device would look free.
@@ -204,11 +203,10 @@ class Ownership:
             self.generation += 1
         self._view = view
         self._settle()
-        self.listed.set()
-        self.last_listed = self._wall_clock()
         if not self.reachable:
             log.info("kubelet PodResources reachable", extra={"socket": str(self._socket_path)})
-        self.reachable = True
+        self.listed.set()
+        self.last_listed = self._wall_clock()
         self._lost = None
 
     def _unreachable(self, err: grpc.aio.AioRpcError) -> None:
@@ -220,4 +218,8 @@ class Ownership:
                 extra={"socket": str(self._socket_path)},
             )
             self._lost = (self._clock(), err.code().name)
-        self.reachable = False
+
+    @property
+    def reachable(self) -> bool:
+        """The last poll answered (the metric `deviceplane_kubelet_pod_resources_up`)."""
+        return self.listed.is_set() and self._lost is None
