@@ -173,11 +173,7 @@ class Channel:
                     raise RpcError(grpc.StatusCode.UNAVAILABLE, dial_error(self.path, err)) from None
             else:
                 if dialled.usable:
-                    if self._connection is not dialled:
-                        # Awaiting a finished dial does not yield: never go round again on it without letting the
-                        # loop turn (the freeze fixed in _dial, should anything else ever leave it untaken).
-                        await asyncio.sleep(0)
-                    continue  # taken above, unless something else got there first
+                    continue  # taken by _dial as it ended
                 if not wait_for_ready:  # connected, and lost (or refused) at once
                     raise dialled.error or RpcError(grpc.StatusCode.UNAVAILABLE, "connection closed")
             if deadline is not None and loop.time() + backoff >= deadline:
