@@ -22,20 +22,16 @@ import pytest
 
 from tests.support.tcp_proxy import TcpProxy
 
-from .cluster import REPO, Cluster
+from .cluster import Cluster
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Procs, wait_for
+from .test_operator import installed
+
+__all__ = ["installed"]  # a fixture, re-used on this module's cluster
 
 OUTAGE = 75.0  # seconds: past kopf's old 70 s, so its config watch was stuck in an attempt made during the outage
 RECOVERY = 60.0  # seconds from the API server answering again to the new config's DaemonSet (85 s before)
 MOST_ERROR_LINES = 3  # in the outage and until the config is reconciled (~20 from kopf's attempts, unfiltered)
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Cluster:
-    cluster.kubectl("apply", "-f", str(REPO / "manifests"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/devicepluginconfigs.deviceplane.io", "--timeout=60s")
-    return cluster
 
 
 @pytest.fixture

@@ -21,9 +21,12 @@ import pytest
 from deviceplane.operator.names import CONFIG_HASH_ANNOTATION
 from deviceplane.operator.render import configmap_hash
 
-from .cluster import REPO, Cluster, serve_cluster
+from .cluster import Cluster, serve_cluster
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Procs, wait_for
+from .test_operator import installed
+
+__all__ = ["installed"]  # a fixture, re-used on this module's cluster
 
 UNRELATED = 2000
 CPU_BUDGET = 6.0  # seconds of the operator's CPU, Python's start included (~1 s), until the config is reconciled
@@ -34,13 +37,6 @@ def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactor
     """A control plane of this module's own (~10 s to start): its 2000 ConfigMaps, left to the namespace controller
     at its end, must not load the shared control plane for the modules after it."""
     yield from serve_cluster(k8s_bin, tmp_path_factory.mktemp("cluster-configmaps"), procs)
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Cluster:
-    cluster.kubectl("apply", "-f", str(REPO / "manifests"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/devicepluginconfigs.deviceplane.io", "--timeout=60s")
-    return cluster
 
 
 def cpu_seconds(pid: int) -> float:

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from .cluster import REPO, Cluster, serve_cluster
+from .cluster import Cluster, serve_cluster
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Procs, wait_for
+from .test_operator import installed
 from .test_operator_configmaps import cpu_seconds, rss_mib
+
+__all__ = ["installed"]  # a fixture, re-used on this module's cluster
 
 NODES = 1000
 CPU_BUDGET = 5.0  # seconds of the operator's CPU, Python's start included (~1 s), until its first reconciliation
@@ -29,13 +32,6 @@ def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactor
     """A control plane of this module's own (~10 s to start): its 1000 kwok nodes and their pods, deleted at its
     end, were still being collected by the shared control plane while the modules after it ran."""
     yield from serve_cluster(k8s_bin, tmp_path_factory.mktemp("cluster-scale"), procs)
-
-
-@pytest.fixture(scope="module")
-def installed(cluster: Cluster) -> Cluster:
-    cluster.kubectl("apply", "-f", str(REPO / "manifests"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/devicepluginconfigs.deviceplane.io", "--timeout=60s")
-    return cluster
 
 
 def ready_nodes(cluster: Cluster, selector: str) -> int:
