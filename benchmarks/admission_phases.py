@@ -19,8 +19,10 @@ runs here: ~370 us of sending, ~40 of waiting); their sum is what to compare the
 
 1-device pods are admitted one at a time through admit-load (compare.py's Go client), `--rounds` x `--pods`, and the
 median of each phase is printed. In the same run, the floor's parts as compare.py measures them (lean_grpc's bare
-Allocate round trip to the same sim, a pwrite + fdatasync of a 512-byte record in a tight loop), and the same
-durable write issued after the CPU idled for about one round trip, as an admission issues it.
+Allocate round trip to the same sim, the faster of sleeping and busy-polling through the call, and a pwrite +
+fdatasync of a 512-byte record in a tight loop), the same durable write issued after the CPU idled for about one
+round trip, as an admission issues it, and the two in sequence with the entry's idle gap before each pair: what an
+agent with no steps of its own would take per sequential admission here.
 
 The durable write's cost depends on the CPU that issues it: a disk with one completion interrupt (this VM's
 virtio-blk: one queue, its interrupt on one CPU) completes a write issued elsewhere through that CPU and a second
@@ -61,8 +63,10 @@ from benchmarks.compare import (  # noqa: E402
     PLAIN,
     AgentSide,
     admit_many,
+    bare_sequence,
     fdatasyncs,
     lean_allocates,
+    polled_lean_allocates,
     remove_many,
     sim_socket,
     start_sim,
@@ -266,7 +270,9 @@ def run(rounds: int, pods: int, fine: bool = False) -> None:
         sims = [start_sim(side, PLAIN, MEASURED_DEVICES, 2, "--no-preferred-allocation", "--no-pre-start")]
         client: list[float] = []
         inside: list[float] = []
-        floors: dict[str, list[float]] = {"rtt": [], "fdatasync": [], "after idle": []}
+        kinds = ("rtt", "rtt slept", "rtt polled", "fdatasync", "after idle")
+        kinds += ("sequence", "sequence rpc", "sequence write")
+        floors: dict[str, list[float]] = {kind: [] for kind in kinds}
         cpus = sorted(os.sched_getaffinity(0))
         try:
             side.start()
@@ -278,7 +284,17 @@ def run(rounds: int, pods: int, fine: bool = False) -> None:
                 remove_many(side, f"r{r}", pods)
                 client += cell.latencies
                 inside += cell.inside
-                rtt = statistics.median(asyncio.run(lean_allocates(sim_socket(side, PLAIN), 200)))
+                socket = sim_socket(side, PLAIN)
+                entry_gap = max(0.0, statistics.median(cell.latencies) - statistics.median(cell.inside))
+                sequence = bare_sequence(socket, side.work, 200, entry_gap)
+                floors["sequence"].append(statistics.median(rpc + write for rpc, write in sequence))
+                floors["sequence rpc"].append(statistics.median(rpc for rpc, _ in sequence))
+                floors["sequence write"].append(statistics.median(write for _, write in sequence))
+                slept = statistics.median(asyncio.run(lean_allocates(socket, 200)))
+                polled = statistics.median(polled_lean_allocates(socket, 200))
+                floors["rtt slept"].append(slept)
+                floors["rtt polled"].append(polled)
+                rtt = min(slept, polled)
                 floors["rtt"].append(rtt)
                 floors["fdatasync"].append(statistics.median(fdatasyncs(side.work, 200)))
                 floors["after idle"].append(statistics.median(fdatasyncs(side.work, 200, idle=rtt)))
@@ -351,11 +367,23 @@ def report(
     print(f"{us(total - wait_plugin - write)}   the agent's own steps: the admission minus the wait and the write")
     print()
     print("the floor's parts, same run (medians of the rounds' p50s):")
-    print(f"{us(floor['rtt'])}   bare Allocate round trip, lean_grpc, back to back")
+    print(f"{us(floor['rtt slept'])}   bare Allocate round trip, lean_grpc sleeping through the call, back to back")
+    print(f"{us(floor['rtt polled'])}   the same, busy-polling through the call (as the agent waits)")
+    print(f"{us(floor['rtt'])}   the round trip the floor takes: the faster of the two in each round")
     print(f"{us(floor['fdatasync'])}   pwrite + fdatasync of {JOURNAL_RECORD_BYTES} bytes, back to back")
     print(f"{us(floor['after idle'])}   the same write, each after the CPU idled for one round trip")
     sum_floor = floor["rtt"] + floor["fdatasync"]
     print(f"{us(sum_floor)}   floor (round trip + fdatasync); durationNs p50 = {median(inside) / sum_floor:.2f}x floor")
+    print(
+        f"{us(floor['sequence'])}   the floor's two operations in sequence, polling, with the entry's idle gap before"
+        f" each: {floor['sequence'] / sum_floor:.2f}x floor (durationNs p50 = {median(inside) / floor['sequence']:.2f}x"
+        " this)"
+    )
+    rpc = sum(median(phases[f"{a}>{b}"]) for a, b in (("call", "sent"), ("sent", "arrived"), ("arrived", "returned")))
+    print(
+        f"{us(floor['sequence rpc'])} + {floor['sequence write'] * 1e6:.0f}   of which its round trip + its write (the"
+        f" admission's: {rpc * 1e6:.0f} + {write * 1e6:.0f}, and {(total - rpc - write) * 1e6:.0f} of its own steps)"
+    )
 
 
 def report_steps(steps: dict[str, list[float]]) -> None:

@@ -21,7 +21,7 @@ from tests.support.procs import ROOT, child_env
         ("proxy.py", ["--calls", "30"], "added by proxied                   percentile difference"),
         ("entry_cpu.py", ["--requests", "50", "--pods", "20", "--rounds", "1"], "CPU per admission: agent"),
         ("choice.py", ["--rounds", "1", "--preferred"], "5000 (same)"),
-        ("admission_phases.py", ["--rounds", "1", "--pods", "30"], "the durable write by the CPU that issued it"),
+        ("admission_phases.py", ["--rounds", "1", "--pods", "30"], "the floor's two operations in sequence, polling"),
         ("admission_phases.py", ["--rounds", "1", "--pods", "30", "--fine"], "Allocator.commit: the entry made"),
         ("preferred.py", ["--rounds", "1", "--calls", "3"], "   10000     8"),
         ("allocation.py", ["--pods", "20", "--filler", "40"], "8 concurrent, 40 holding"),
