@@ -28,15 +28,16 @@ def free_port() -> int:
 def wait_for(check: Callable[[], T], timeout: float = 10.0, interval: float = 0.01, what: str = "condition") -> T:
     """Poll `check` until it returns a truthy value; fail with `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    last: Any = None
+    last: object = None  # the last answer or error, for the failure's message
     while time.monotonic() < deadline:
         try:
-            last = check()
+            answer = check()
         except (OSError, urllib.error.URLError, ValueError) as err:
             last = err
         else:
-            if last:
-                return last
+            if answer:
+                return answer
+            last = answer
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
