@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from datetime import UTC, datetime
 from typing import Protocol
 
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
 from deviceplane.core.conditions import ConditionTimes, ResourceCounts
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.core.registry import DeviceRegistry, ResourceStatus
+from deviceplane.core.times import rfc3339
 
 
 class Holders(Protocol):
@@ -36,10 +36,6 @@ class NoHolders:
 
     def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
         return None
-
-
-def rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # Proxy mode: whether a resource's proxy endpoint is registered with the kubelet now (None: not proxied).

@@ -18,7 +18,8 @@ from deviceplane.core.conditions import (
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
-from deviceplane.core.view import resource_counts, rfc3339
+from deviceplane.core.times import rfc3339
+from deviceplane.core.view import resource_counts
 
 GPU, NIC = "example.com/gpu", "example.com/nic"
 

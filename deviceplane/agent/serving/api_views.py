@@ -15,7 +15,8 @@ from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import AllocationHolders, pods_view
 from deviceplane.core.registry import DeviceRegistry
-from deviceplane.core.view import Holders, KubeletRegistered, devices_status, rfc3339
+from deviceplane.core.times import rfc3339
+from deviceplane.core.view import Holders, KubeletRegistered, devices_status
 
 
 class ApiViews:
