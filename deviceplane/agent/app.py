@@ -158,6 +158,7 @@ class Agent:
             owners=self.ownership,
             pod_list=self.ownership.pods_json if self.ownership else None,
             kubelet_registered=self.proxy.kubelet_registered if self.proxy is not None else None,
+            pod_resources=self.ownership.link if self.ownership else None,  # proxy mode's OwnersCurrent condition
         )
 
         # -- the kubelet checkpoint file, in a directory one agent at a time may serve ---------------------------
@@ -340,8 +341,8 @@ class Agent:
         )
 
     def _proxy_generation(self) -> int:
-        """Proxy mode: changes when the kubelet's owners or an endpoint's registration with the kubelet do (both
-        only grow), so NodeDevices is written again."""
+        """Proxy mode: changes when the kubelet's owners, whether they are current, or an endpoint's registration
+        with the kubelet do (both counters only grow), so NodeDevices is written again."""
         proxy, ownership = self.proxy, self.ownership
         registrations = proxy.registrations_generation if proxy is not None else 0
         return (ownership.generation if ownership is not None else 0) + registrations

@@ -66,6 +66,14 @@ NODE_DEVICES = CrdSpec(
             "DevicesHealthy: every device healthy.",
             priority=1,
         ),
+        # Empty in agent mode, where the condition is absent (the agent allocates: its owners are always current).
+        PrinterColumn(
+            "Owners-Current",
+            '.status.conditions[?(@.type=="OwnersCurrent")].status',
+            "string",
+            "OwnersCurrent (proxy mode): the devices' owners are the kubelet's latest.",
+            priority=1,
+        ),
     ),
     labels=LABELS,
 )

@@ -105,8 +105,10 @@ class DevicesStatus(FrozenModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         description="PluginsConnected (False: a resource's plugin is disconnected, named in the message) and "
-        "DevicesHealthy (False: a resource has unhealthy devices, each named with its count); judged over every "
-        "resource, their lastTransitionTime moves only when their status does.",
+        "DevicesHealthy (False: a resource has unhealthy devices, each named with its count), judged over every "
+        "resource; in proxy mode also OwnersCurrent (False: the kubelet's PodResources is not listed yet, or has not "
+        "answered since the time named, and the owners shown are as of its last listing). A lastTransitionTime "
+        "moves only when its status does.",
     )
 
     # Totals for `kubectl get nodedevices` (printer columns cannot sum a list); derived, so never out of step.

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from datetime import UTC, datetime
 from typing import Protocol
 
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
-from deviceplane.core.conditions import ConditionTimes, ResourceCounts
+from deviceplane.core.conditions import ConditionTimes, PodResourcesLink, ResourceCounts
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.core.registry import DeviceRegistry, ResourceStatus
+from deviceplane.core.times import rfc3339
 
 
 class Holders(Protocol):
@@ -36,10 +36,6 @@ class NoHolders:
 
     def holder(self, resource: str, device_id: str) -> AllocatedTo | None:
         return None
-
-
-def rfc3339(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # Proxy mode: whether a resource's proxy endpoint is registered with the kubelet now (None: not proxied).
@@ -153,9 +149,11 @@ def devices_status(
     resource_filter: Callable[[str], bool] | None = None,
     conditions: ConditionTimes | None = None,
     kubelet_registered: KubeletRegistered | None = None,
+    pod_resources: PodResourcesLink | None = None,
 ) -> DevicesStatus:
     """The view; with `conditions`, the node's conditions too (judged over every resource, those `resource_filter`
-    leaves out included, at `agent.lastHeartbeatTime`; their transition times kept in `conditions`)."""
+    leaves out included, and in proxy mode over `pod_resources`, at `agent.lastHeartbeatTime`; their transition times
+    kept in `conditions`)."""
     if holders is None:
         holders = NoHolders()
     resources = []
@@ -171,5 +169,5 @@ def devices_status(
             resources.append(resource_view(state, counts, holders, device_limit, kubelet_registered))
     if conditions is None:
         return DevicesStatus(resources=resources, agent=agent)
-    found = conditions.update(judged, agent.lastHeartbeatTime)
+    found = conditions.update(judged, agent.lastHeartbeatTime, pod_resources)
     return DevicesStatus(resources=resources, agent=agent, conditions=found)

@@ -22,7 +22,7 @@ import urllib3
 from pydantic import ValidationError
 
 from deviceplane.api.dpc import DevicePluginConfigSpec
-from deviceplane.core.view import rfc3339
+from deviceplane.core.times import rfc3339
 from deviceplane.operator import conflicts as conflict_rules
 from deviceplane.operator.drift import drifted_fields, render_hash
 from deviceplane.operator.kube import ApiException, KubeApi

@@ -23,7 +23,7 @@ from deviceplane.agent.kube.node_devices import NodeDevicesPublisher
 from deviceplane.api.models import AgentView, DevicesStatus, PluginView, ResourceView
 from deviceplane.core.conditions import ResourceCounts
 from deviceplane.core.conditions import conditions as judged
-from deviceplane.core.view import rfc3339
+from deviceplane.core.times import rfc3339
 from tests.support.pods import simple_pod
 
 from .agent_cluster import api, bound_token, daemonset_pod, node_devices, token_kubeconfig

@@ -35,6 +35,12 @@ DEBOUNCE = 0.2
 RESTART_DEBOUNCE = 1.0  # wide: a first write without the owners would stand this long before the next
 
 
+def published_condition(cluster: Cluster, node: str, kind: str) -> dict[str, Any] | None:
+    """The condition of type `kind` in `NodeDevices/<node>`, or None."""
+    conditions = ((node_devices(cluster, node) or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
 def published_device(cluster: Cluster, node: str, resource: str, device_id: str) -> dict[str, Any] | None:
     """The device as `NodeDevices/<node>` shows it, or None."""
     obj = node_devices(cluster, node) or {}
@@ -158,6 +164,46 @@ def test_proxy_mode_publishes_nodedevices_with_the_kubelets_owners_and_health(
         return next((r["plugin"].get("kubeletRegistered") for r in resources if r["name"] == SIM), None)
 
     assert published_registered() is True
+
+    # The kubelet's PodResources stops answering (the kubelet hangs: each call times out after 2 s) while nothing
+    # else changes, its endpoint registered, its stream open: OwnersCurrent turns False alone, and is written alone.
+    def owners_current() -> dict[str, Any]:
+        return published_condition(cluster, node, "OwnersCurrent") or {}
+
+    current = owners_current()
+    assert (current.get("status"), current.get("reason")) == ("True", "PodResourcesListed"), current
+    before = (node_devices(cluster, node) or {})["status"]
+    time.sleep(1.1)  # a later second for the transition time
+    h.proc.popen.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(
+            "NodeDevices: owners not current",
+            lambda: owners_current().get("status") == "False",
+            procs=[agent.proc],
+            timeout=10,
+        )
+        lost = owners_current()
+        assert lost["reason"] == "PodResourcesUnreachable", lost
+        message = lost["message"]
+        assert message.startswith("kubelet PodResources unreachable since ") and "(DEADLINE_EXCEEDED" in message, lost
+        assert "device owners are as of " in message and lost["lastTransitionTime"] > current["lastTransitionTime"]
+        during = (node_devices(cluster, node) or {})["status"]
+        assert during["resources"] == before["resources"]  # the condition alone changed: the owners are kept
+        assert [c for c in during["conditions"] if c["type"] != "OwnersCurrent"] == [
+            c for c in before["conditions"] if c["type"] != "OwnersCurrent"
+        ]
+        time.sleep(1.1)  # and a later one for the way back
+    finally:
+        h.proc.popen.send_signal(signal.SIGCONT)
+    wait_for(
+        "NodeDevices: owners current again",
+        lambda: owners_current().get("status") == "True",
+        procs=[agent.proc, h.proc],
+        timeout=10,
+    )
+    back = owners_current()
+    assert back["reason"] == "PodResourcesListed" and back["lastTransitionTime"] > lost["lastTransitionTime"], back
+
     procs.stop(h.proc)
     wait_for("NodeDevices: not registered", lambda: published_registered() is False, procs=[agent.proc], timeout=5)
     h = kubelet_harness(h.socket_dir, pod_resources_socket=env.pod_resources)
@@ -180,6 +226,8 @@ def test_agent_restart_never_publishes_held_devices_as_free(
     (device_id,) = admit_app(env.harness, "holder", SIM, 1)["containers"][0]["devices"][SIM]
     owner = env.owner_of(device_id)
     wait_for("the owner in NodeDevices", lambda: env.published_owner(device_id) == owner, procs=[env.agent.proc])
+    current = published_condition(env.cluster, env.node, "OwnersCurrent")
+    assert current is not None and current["status"] == "True", current
 
     seen: list[dict[str, Any] | None] = []
     stop = threading.Event()
@@ -207,3 +255,5 @@ def test_agent_restart_never_publishes_held_devices_as_free(
     wrong = [d for d in seen if (d or {}).get("allocatedTo") != owner]
     assert seen and not wrong, wrong[:3]
     assert (restarted.resource(SIM) or {})["allocated"] == 1
+    # OwnersCurrent kept its transition time across the restart (read back from the object), as the others do.
+    assert published_condition(env.cluster, env.node, "OwnersCurrent") == current

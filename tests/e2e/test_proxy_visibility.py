@@ -10,6 +10,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Any
+
+from deviceplane.core.times import rfc3339
 
 from .cluster import REPO
 from .conftest import Agent, Harness
@@ -32,6 +35,11 @@ def registered(agent: Agent, resource: str) -> tuple[bool | None, float | None]:
     return flag, metric(agent, "deviceplane_proxy_endpoint_registered", resource_name=resource)
 
 
+def owners_current(agent: Agent) -> dict[str, Any] | None:
+    """The OwnersCurrent condition of /api/v1/devices (NodeDevices' too), or None."""
+    return next((c for c in agent.devices()["conditions"] if c["type"] == "OwnersCurrent"), None)
+
+
 def status_text(agent: Agent) -> str:
     done = subprocess.run(
         [sys.executable, "-m", "deviceplane", "status", "--url", agent.url],
@@ -44,12 +52,12 @@ def status_text(agent: Agent) -> str:
     return done.stdout
 
 
-def test_readyz_and_a_metric_say_when_the_kubelets_pod_resources_stops_answering_and_recover(
+def test_readyz_a_metric_and_a_condition_say_when_the_kubelets_pod_resources_stops_answering_and_recover(
     kubelet_harness, deviceplane_agent, procs, short_tmp
 ) -> None:
-    """Once listed, the kubelet's PodResources going away left /readyz at 200 "ok" and nothing in the metrics: the
-    owners shown (/api/v1/devices, NodeDevices, deviceplane_devices{state="allocated"}) silently went stale. Here the
-    kubelet stops (its PodResources socket goes with it) and a new one serves the same socket again."""
+    """Once listed, the kubelet's PodResources going away left /readyz at 200 "ok", nothing in the metrics and no
+    condition: the owners shown (/api/v1/devices, NodeDevices, deviceplane_devices{state="allocated"}) silently went
+    stale. Here the kubelet stops (its PodResources socket goes with it) and a new one serves the same socket again."""
     kubelet_dir, pod_resources = kubelet_side(short_tmp)
     h = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)
     agent = start_proxy(deviceplane_agent, kubelet_dir, pod_resources)
@@ -61,6 +69,9 @@ def test_readyz_and_a_metric_say_when_the_kubelets_pod_resources_stops_answering
     assert metric(agent, "deviceplane_kubelet_pod_resources_up") == 1.0
     listed = metric(agent, "deviceplane_kubelet_pod_resources_last_list_timestamp_seconds")
     assert listed is not None and abs(listed - time.time()) < 5
+    current = owners_current(agent)
+    assert current is not None and (current["status"], current["reason"]) == ("True", "PodResourcesListed")
+    time.sleep(1.1)  # a later second for the transition time
 
     procs.stop(h.proc)  # the kubelet goes, and its PodResources socket with it
     wait_for("not ready", lambda: readyz(agent)[0] == 503, procs=[agent.proc], interval=0.05, timeout=5)
@@ -68,15 +79,26 @@ def test_readyz_and_a_metric_say_when_the_kubelets_pod_resources_stops_answering
     assert code == 503 and "kubelet PodResources unreachable" in why and "owners are as of its last listing" in why, why
     assert metric(agent, "deviceplane_kubelet_pod_resources_up") == 0.0
     stale = metric(agent, "deviceplane_kubelet_pod_resources_last_list_timestamp_seconds")
+    assert stale is not None
+    lost = owners_current(agent)
+    assert lost is not None and (lost["status"], lost["reason"]) == ("False", "PodResourcesUnreachable"), lost
+    # since when and why (the failed call's code), and how old the owners shown are
+    assert lost["message"].startswith("kubelet PodResources unreachable since "), lost
+    assert "(UNAVAILABLE" in lost["message"] and lost["message"].endswith(f"device owners are as of {rfc3339(stale)}")
+    assert lost["lastTransitionTime"] > current["lastTransitionTime"]
     time.sleep(1.0)
     assert metric(agent, "deviceplane_kubelet_pod_resources_last_list_timestamp_seconds") == stale  # not listed
     assert view(agent, SIM)[held]["allocatedTo"] is not None  # the last listing's owners, kept (and named stale)
+    assert owners_current(agent) == lost  # a second later: the same message and time (nothing to write again)
 
     h2 = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)  # the same socket, served again
     wait_for("ready again", lambda: readyz(agent) == (200, "ok"), procs=[h2.proc, agent.proc], timeout=10)
     assert metric(agent, "deviceplane_kubelet_pod_resources_up") == 1.0
     again = metric(agent, "deviceplane_kubelet_pod_resources_last_list_timestamp_seconds")
-    assert again is not None and stale is not None and again > stale
+    assert again is not None and again > stale
+    back = owners_current(agent)
+    assert back is not None and (back["status"], back["reason"]) == ("True", "PodResourcesListed"), back
+    assert back["lastTransitionTime"] > lost["lastTransitionTime"]
     # The new kubelet lists no pod (the harness keeps its pods in memory): the owners follow it.
     wait_for("owners relisted", lambda: view(agent, SIM)[held]["allocatedTo"] is None, procs=[agent.proc], timeout=5)
 

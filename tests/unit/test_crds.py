@@ -81,11 +81,13 @@ def test_node_devices_crd_names_scope_columns() -> None:
         "Heartbeat",
         "Plugins",
         "Devices-Healthy",
+        "Owners-Current",
         "Age",
     ]
     # The conditions only with -o wide; the heartbeat as an age, so a stopped agent shows.
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert [name for name, c in columns.items() if c.get("priority")] == ["Plugins", "Devices-Healthy"]
+    conditions = ["Plugins", "Devices-Healthy", "Owners-Current"]
+    assert [name for name, c in columns.items() if c.get("priority")] == conditions
     assert columns["Heartbeat"]["type"] == "date"
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     # Every printer column reads a field the status schema has (else the column would be always empty).

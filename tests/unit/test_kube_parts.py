@@ -173,6 +173,18 @@ def test_node_devices_object_is_owned_by_its_node() -> None:
     assert without_heartbeat(status) == {"resources": [], "agent": {"version": "v", "node": "n1"}}
 
 
+def test_a_condition_that_turns_alone_is_a_change_to_write_its_time_alone_is_not() -> None:
+    """OwnersCurrent (proxy mode) turns False while no resource changes: the publisher must see a change to write.
+    A transition time the view judged alone is none (the publisher writes its own, kept across restarts)."""
+    agent = {"version": "v", "node": "n1", "lastHeartbeatTime": "t"}
+    current = {"type": "OwnersCurrent", "status": "True", "reason": "r", "message": "m", "lastTransitionTime": "t0"}
+    status = {"resources": [], "agent": agent, "conditions": [current]}
+    lost = {**current, "status": "False", "reason": "PodResourcesUnreachable", "lastTransitionTime": "t1"}
+    assert without_heartbeat(status) != without_heartbeat({**status, "conditions": [lost]})
+    later = {**current, "lastTransitionTime": "t5"}
+    assert without_heartbeat(status) == without_heartbeat({**status, "conditions": [later]})
+
+
 @pytest.mark.parametrize("rng", [lambda: 0.0, lambda: 1.0])
 def test_backoff_grows_to_its_cap_and_resets(rng: Any) -> None:
     backoff = Backoff(initial=1.0, maximum=8.0, rng=rng)

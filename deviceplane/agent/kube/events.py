@@ -27,8 +27,8 @@ from deviceplane.agent.kube.client import KubeApi
 from deviceplane.agent.kube.errors import KubeError
 from deviceplane.aio import off_loop
 from deviceplane.core.pods import Pod
+from deviceplane.core.times import rfc3339
 from deviceplane.core.topology import TOPOLOGY_AFFINITY_ERROR
-from deviceplane.core.view import rfc3339
 
 log = logging.getLogger("deviceplane.kube.events")
 

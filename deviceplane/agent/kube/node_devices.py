@@ -13,9 +13,9 @@ written with a merge patch on the status subresource:
 - not before the plugins of the resources restored from the checkpoint are back (`plugins_back`, bounded by the
   startup plugin wait): a restarted agent never publishes them as empty and disconnected for the second it takes
   their plugins to register again, which would move both conditions and their transition times twice;
-- with the view's two conditions, `PluginsConnected` and `DevicesHealthy` (`kubectl wait --for=condition=...`,
-  judged in core/conditions.py), whose lastTransitionTime moves only when their status does (kept across agent
-  restarts: read back from the object).
+- with the view's conditions, `PluginsConnected` and `DevicesHealthy`, and in proxy mode `OwnersCurrent`
+  (`kubectl wait --for=condition=...`, judged in core/conditions.py), whose lastTransitionTime moves only when their
+  status does (kept across agent restarts: read back from the object).
 A failed write is retried with backoff with the newest state; a missing object (first start, or collected after
 its Node was re-created) is created again. The object each status write returns is checked for its ownerReference
 to the Node (no extra request): one removed or changed by hand is restored with a metadata patch, so at the latest
@@ -65,9 +65,16 @@ class NodeMissing(KubeError):
 
 
 def without_heartbeat(status: dict[str, Any]) -> dict[str, Any]:
-    """What a write must change: the status but its heartbeat and its conditions (derived from the resources)."""
+    """What a write must change: the status but its heartbeat and its conditions' transition times (those the view
+    judged may differ from the ones published, `_with_conditions`). The rest of a condition stays: OwnersCurrent
+    (proxy mode) turns without any resource changing."""
     agent = {k: v for k, v in (status.get("agent") or {}).items() if k != "lastHeartbeatTime"}
-    return {**{k: v for k, v in status.items() if k != "conditions"}, "agent": agent}
+    content = {**status, "agent": agent}
+    if "conditions" in status:
+        content["conditions"] = [
+            {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in status["conditions"] or []
+        ]
+    return content
 
 
 def conditions_found(obj: Mapping[str, Any] | None) -> list[Condition]:
@@ -219,8 +226,8 @@ class NodeDevicesPublisher:
         if not self._exists:
             await self._ensure_object()
         try:
-            # Conditions are derived from the resources (their times move only with their status), so comparing
-            # statuses without them is enough; added after `_ensure_object`, which recovers an earlier agent's times.
+            # The published transition times (they move only with a condition's status), added after
+            # `_ensure_object`, which recovers an earlier agent's times.
             written = await off_loop(
                 self.api.patch_node_devices_status, self.node, self._with_conditions(model, status)
             )

@@ -23,6 +23,7 @@ from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.models import AllocatedTo
 from deviceplane.api.podresources.v1 import api_pb2 as pr
 from deviceplane.api.podresources.v1 import api_pb2_grpc as pr_grpc
+from deviceplane.core.conditions import PodResourcesLink
 
 log = logging.getLogger("deviceplane.agent.proxy.ownership")
 
@@ -56,6 +57,16 @@ class KubeletView:
     allocated_counts: dict[str, int] = field(default_factory=dict)  # held devices per resource (from `holders`)
     pods: list[dict[str, Any]] = field(default_factory=list)
     allocatable: dict[str, set[str]] = field(default_factory=dict)  # healthy devices per resource, per the kubelet
+
+
+@dataclass(frozen=True)
+class Outage:
+    """Since when and why the kubelet's PodResources stopped answering (its first failed call)."""
+
+    since: float  # the poller's clock, for how long
+    since_wall: float  # Unix time, for the OwnersCurrent condition
+    code: str  # the gRPC status code's name
+    details: str
 
 
 def kubelet_view(listed: pr.ListPodResourcesResponse, allocatable: pr.AllocatableResourcesResponse) -> KubeletView:
@@ -104,10 +115,11 @@ class Ownership:
         self._pending: dict[DeviceKey, float] = {}  # allocated through the proxy, not yet listed -> when
         self._wall_clock = wall_clock
         self.last_listed = 0.0  # Unix time of the last successful listing; 0 before the first
-        self._lost: tuple[float, str] | None = None  # since when (clock) and why the kubelet stopped answering
+        self._lost: Outage | None = None
         # Set by the first successful listing: before it, every device would look free.
         self.listed = asyncio.Event()
-        # Bumped whenever the kubelet's owners change, so a NodeDevices publisher knows to write again.
+        # Bumped whenever the kubelet's owners change, or whether they are current does (OwnersCurrent), so a
+        # NodeDevices publisher knows to write again.
         self.generation = 0
 
     # -- the join -----------------------------------------------------------------------------------------------------
@@ -141,13 +153,21 @@ class Ownership:
         """Not ready before the first listing (every device would look free), nor while the kubelet does not answer
         after it: the owners shown are those of the last listing, and may be wrong (docs/proxy.md, Readiness)."""
         if not self.listed.is_set():
-            return "kubelet PodResources not listed yet" + (f": {self._lost[1]}" if self._lost else "")
+            return "kubelet PodResources not listed yet" + (f": {self._lost.code}" if self._lost else "")
         if self._lost is None:
             return None
-        since, why = self._lost
         return (
-            f"kubelet PodResources unreachable for {self._clock() - since:.0f} s ({why}): device owners are as of "
-            "its last listing"
+            f"kubelet PodResources unreachable for {self._clock() - self._lost.since:.0f} s ({self._lost.code}): "
+            "device owners are as of its last listing"
+        )
+
+    def link(self) -> PodResourcesLink:
+        """What the OwnersCurrent condition is judged from."""
+        lost = self._lost
+        return PodResourcesLink(
+            last_listed=self.last_listed if self.listed.is_set() else None,
+            lost_since=lost.since_wall if lost is not None else None,
+            error=(f"{lost.code}: {lost.details}" if lost.details else lost.code) if lost is not None else None,
         )
 
     def kubelet_allocatable(self) -> dict[str, int]:
@@ -205,6 +225,7 @@ class Ownership:
         self._settle()
         if not self.reachable:
             log.info("kubelet PodResources reachable", extra={"socket": str(self._socket_path)})
+            self.generation += 1  # the owners are current again
         self.listed.set()
         self.last_listed = self._wall_clock()
         self._lost = None
@@ -217,7 +238,8 @@ class Ownership:
                 err.details() or err.code().name,
                 extra={"socket": str(self._socket_path)},
             )
-            self._lost = (self._clock(), err.code().name)
+            self._lost = Outage(self._clock(), self._wall_clock(), err.code().name, err.details() or "")
+            self.generation += 1  # the owners shown are no longer current
 
     @property
     def reachable(self) -> bool:

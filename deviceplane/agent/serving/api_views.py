@@ -10,12 +10,13 @@ from typing import Any
 from deviceplane import __version__
 from deviceplane.agent.serving.lean_http import HttpError
 from deviceplane.api.models import AgentView, DevicesStatus
-from deviceplane.core.conditions import ConditionTimes
+from deviceplane.core.conditions import ConditionTimes, PodResourcesLink
 from deviceplane.core.pod_devices import PodDevices
 from deviceplane.core.pod_table import PodTable
 from deviceplane.core.pod_view import AllocationHolders, pods_view
 from deviceplane.core.registry import DeviceRegistry
-from deviceplane.core.view import Holders, KubeletRegistered, devices_status, rfc3339
+from deviceplane.core.times import rfc3339
+from deviceplane.core.view import Holders, KubeletRegistered, devices_status
 
 
 class ApiViews:
@@ -32,12 +33,14 @@ class ApiViews:
         owners: Holders | None = None,
         pod_list: Callable[[], list[dict[str, Any]]] | None = None,
         kubelet_registered: KubeletRegistered | None = None,
+        pod_resources: Callable[[], PodResourcesLink] | None = None,
     ) -> None:
         # owners / pod_list: where they come from when the agent does not allocate (proxy mode: the kubelet's
         # PodResources); by default the agent's own allocations and pod table.
         self._holders = owners or AllocationHolders(pod_devices, table)
         self._pod_list = pod_list
         self._kubelet_registered = kubelet_registered  # proxy mode: each resource's endpoint with the kubelet
+        self._pod_resources = pod_resources  # proxy mode: whether the owners are current (the OwnersCurrent condition)
         self._registry = registry
         self._table = table
         self._pod_devices = pod_devices
@@ -72,6 +75,7 @@ class ApiViews:
             resource_filter=(lambda name: name == resource) if resource else None,
             conditions=self._conditions,
             kubelet_registered=self._kubelet_registered,
+            pod_resources=self._pod_resources() if self._pod_resources is not None else None,
         )
 
     def pods(self) -> list[dict[str, Any]]:
