@@ -5,7 +5,8 @@ counts) and two ID sets: "Healthy" exactly puts the ID in the healthy set, anyth
 §4.5 GetCapacity: capacity is the size of both sets, allocatable the healthy one's. So an ID sent both Healthy and
 otherwise is in both sets, counted twice in capacity and once in allocatable; topology plays no part.
 
-Agent mode corrects a snapshot first (core/snapshot.py), so its sets hold each ID once.
+Agent mode corrects a snapshot first (core/snapshot.py), so its sets hold each ID once. Proxy mode gives them the
+list as the kubelet gets it, so the agent's view counts what the kubelet publishes.
 """
 
 from __future__ import annotations
