@@ -8,6 +8,7 @@ from typing import Protocol
 from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, DeviceView, PluginView, ResourceView
 from deviceplane.core.conditions import ConditionTimes, PodResourcesLink, ResourceCounts
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
+from deviceplane.core.device_sets import kubelet_counts
 from deviceplane.core.registry import DeviceRegistry, ResourceStatus
 from deviceplane.core.times import rfc3339
 
@@ -135,10 +136,10 @@ def _add_first(picked: set[str], ids: Sequence[str], members: Collection[str], l
 
 
 def resource_counts(state: ResourceStatus) -> ResourceCounts:
-    """The resource's counts, as DeviceRegistry.capacity() gives them (capacity: every device; allocatable: the
-    healthy ones), from its own state, without a pass over every resource."""
-    healthy, unhealthy = len(state.healthy), len(state.unhealthy)
-    return ResourceCounts(state.name, state.connected, healthy + unhealthy, healthy, unhealthy)
+    """The resource's counts, as DeviceRegistry.capacity() gives them (the kubelet's rule: core/device_sets.py), from
+    its own state, without a pass over every resource."""
+    capacity, healthy = kubelet_counts(state.healthy, state.unhealthy)
+    return ResourceCounts(state.name, state.connected, capacity, healthy, len(state.unhealthy))
 
 
 def devices_status(

@@ -44,11 +44,11 @@ from .cluster import (
     Cluster,
     bin_dir,
     http_json,
-    http_ok,
     missing_binaries,
     probe_ok,
     serve_cluster,
 )
+from .harness import Harness, start_harness
 from .procs import Proc, Procs, wait_for
 
 KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # hard-coded in sample-device-plugin
@@ -240,22 +240,6 @@ def sample_device_plugin(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., 
 # ---- the kubelet device-manager harness -------------------------------------------------------------------------
 
 
-@dataclass
-class Harness:
-    proc: Proc
-    url: str
-    socket_dir: Path
-
-    def capacity(self) -> dict[str, Any]:
-        return dict(http_json(self.url + "/capacity"))
-
-    def admit(self, pod: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(http_json(self.url + "/admit", method="POST", body=pod))
-
-    def remove(self, uid: str) -> dict[str, Any]:
-        return dict(http_json(self.url + "/remove", method="POST", body={"uid": uid}))
-
-
 @pytest.fixture
 def kubelet_harness(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Harness]]:
     """Factory: start the real kubelet device manager on <socket_dir>/kubelet.sock; returns a Harness client."""
@@ -265,21 +249,10 @@ def kubelet_harness(k8s_bin: Path, procs: Procs) -> Iterator[Callable[..., Harne
         socket_dir: Path, *, numa_nodes: int = 1, policy: str = "none", pod_resources_socket: Path | None = None
     ) -> Harness:
         exe = need_binary(k8s_bin, "kubelet-harness")
-        port = free_port()
-        argv = [
-            str(exe),
-            f"--socket-dir={socket_dir}",
-            f"--http=127.0.0.1:{port}",
-            f"--numa-nodes={numa_nodes}",
-            f"--topology-policy={policy}",
-        ]
-        if pod_resources_socket is not None:  # the kubelet's PodResources v1 server, over the real device manager
-            argv.append(f"--pod-resources-socket={pod_resources_socket}")
-        p = procs.start("kubelet-harness", argv)
-        started.append(p)
-        h = Harness(p, f"http://127.0.0.1:{port}", socket_dir)
-        # The harness serves HTTP only after the device manager listens on <socket_dir>/kubelet.sock.
-        wait_for("kubelet-harness /healthz", lambda: http_ok(h.url + "/healthz"), procs=[p], timeout=30)
+        h = start_harness(
+            procs, exe, socket_dir, numa_nodes=numa_nodes, policy=policy, pod_resources_socket=pod_resources_socket
+        )
+        started.append(h.proc)
         return h
 
     yield start

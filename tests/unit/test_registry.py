@@ -220,6 +220,14 @@ def test_health_transitions_and_new_devices() -> None:
     assert flip.transitions == ("a",), "a new device (c) is not a transition"
 
 
+def test_an_id_sent_twice_flips_once() -> None:
+    """Proxy mode takes a snapshot as sent: an ID in it twice is one device, its transition counted once."""
+    reg = DeviceRegistry(GRACE)
+    reg.plugin_connected("r/x", "/s", OPTS, 0)
+    reg.apply_snapshot("r/x", "/s", devs("a:H"))
+    assert reg.apply_snapshot("r/x", "/s", devs("a:U", "a:U")).transitions == ("a",)
+
+
 def test_registered_healthy_for_checkpoint() -> None:
     reg = DeviceRegistry(GRACE)
     reg.plugin_connected("r/x", "/s", OPTS, 0)

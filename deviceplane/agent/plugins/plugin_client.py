@@ -17,7 +17,7 @@ from deviceplane.agent.plugins.contracts import PluginDialError, SnapshotCallbac
 from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.registry import Device, PluginOptions
-from deviceplane.core.snapshot import checked_snapshot
+from deviceplane.core.snapshot import CORRECTED, SnapshotRules
 from deviceplane.lean_grpc import Channel, ResponseStream, RpcError
 
 log = logging.getLogger("deviceplane.agent.plugin")
@@ -44,11 +44,19 @@ def devices_from_proto(devices: Sequence[pb.Device]) -> list[Device]:
 class PluginClient:
     """Dial, ask for options, stream ListAndWatch, and call the per-allocation RPCs (a `PluginConnection`)."""
 
-    def __init__(self, resource: str, socket_path: str, on_message: MessageTap | None = None) -> None:
+    def __init__(
+        self,
+        resource: str,
+        socket_path: str,
+        on_message: MessageTap | None = None,
+        rules: SnapshotRules = CORRECTED,
+    ) -> None:
         self.resource = resource
         self.socket_path = socket_path
         # Sees each ListAndWatch message as received, before it is turned into devices (proxy mode forwards it).
         self._on_message = on_message
+        # What each snapshot may not say is corrected (agent mode) or taken as sent (proxy mode: the kubelet's rules).
+        self._rules = rules
         self._channel = Channel(socket_path, authority="localhost")  # the kubelet's dialer's authority
         self._stream_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -117,15 +125,15 @@ class PluginClient:
                 await on_end(reason)
 
     def _checked(self, devices: list[Device]) -> list[Device]:
-        """What the plugin may not say (core.snapshot) is corrected; logged once per device and problem."""
-        devices, problems = checked_snapshot(devices)
+        """What the plugin may not say (core.snapshot), as the rules handle it; logged once per device and problem."""
+        devices, problems = self._rules.apply(devices)
         for device, problem in problems:
             if (device, problem) not in self._logged:
                 if len(self._logged) >= MAX_PROBLEMS_LOGGED:
                     self._logged.clear()  # bounded against a plugin inventing ids; at worst it logs again
                 self._logged.add((device, problem))
                 log.warning(
-                    "device snapshot corrected: the plugin sent what it may not",
+                    self._rules.logged_as,
                     extra={"resource": self.resource, "device": device.id, "reason": problem},
                 )
         return devices

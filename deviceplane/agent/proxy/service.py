@@ -37,6 +37,7 @@ from deviceplane.aio import cancel_and_wait
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.core.constants import KUBELET_SOCKET_NAME
 from deviceplane.core.registry import DeviceRegistry, PluginOptions
+from deviceplane.core.snapshot import AS_SENT
 from deviceplane.unix_sockets import SocketIdentity, kubelet_socket_identity
 
 log = logging.getLogger("deviceplane.agent.proxy")
@@ -82,7 +83,8 @@ class ProxyConnector:
             if client is not None:
                 self._latest[client] = message
 
-        client = PluginClient(resource, socket_path, on_message=record)
+        # The kubelet gets every message unchanged, so the agent's view takes it as sent too: both count it alike.
+        client = PluginClient(resource, socket_path, on_message=record, rules=AS_SENT)
         ref.append(weakref.ref(client))
         self._forget_closed()
         self._made.setdefault((resource, socket_path), []).append(ref[0])
