@@ -181,6 +181,19 @@ def _typeless_ok(out: JsonSchema) -> bool:
     return bool(out.get("x-kubernetes-preserve-unknown-fields") or out.get("x-kubernetes-int-or-string"))
 
 
+_INTEGER_ONLY = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+_STRING_ONLY = {"pattern", "minLength", "maxLength"}
+
+
+def _int_or_string_keywords(options: list[JsonSchema]) -> bool:
+    """Whether an int | str union's options carry only keywords that apply to their own type."""
+    for option in options:
+        allowed = _INTEGER_ONLY if option["type"] == "integer" else _STRING_ONLY
+        if not set(option) - {"type"} <= allowed:
+            return False
+    return True
+
+
 def _convert_union(node: JsonSchema, defs: Mapping[str, JsonSchema], path: str, seen: tuple[str, ...]) -> JsonSchema:
     options = node["anyOf"]
     rest = {k: v for k, v in node.items() if k != "anyOf"}
@@ -189,8 +202,11 @@ def _convert_union(node: JsonSchema, defs: Mapping[str, JsonSchema], path: str, 
     types = sorted(o.get("type", "") for o in non_null)
     if len(non_null) == 1:
         out = _convert({**non_null[0], **rest}, defs, path, seen)
-    elif types == ["integer", "string"] and all(set(o) == {"type"} for o in non_null):
-        out = _convert(rest, defs, path, seen)
+    elif types == ["integer", "string"] and _int_or_string_keywords(non_null):
+        # The options' own keywords (an integer's minimum, a string's pattern) apply to values of their type only,
+        # as the API server reads them on an int-or-string node (controller-gen writes quantities so).
+        merged = {k: v for o in non_null for k, v in o.items() if k != "type"}
+        out = _convert({**merged, **rest}, defs, path, seen)
         out.pop("x-kubernetes-preserve-unknown-fields", None)
         out["x-kubernetes-int-or-string"] = True
     else:

@@ -6,9 +6,9 @@ Constraints the API server must enforce live here as schema keywords or CEL rule
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue
+from pydantic import ConfigDict, Field, JsonValue
 
 from deviceplane.api.corev1 import CrdModel, EnvVarSource, Quantity, SecurityContext
 
@@ -28,6 +28,29 @@ MAX_CONFLICT_NODES = 20  # node names listed per conflict; nodeCount stays exact
 # IsExtendedResourceName: not native, i.e. no kubernetes.io/, and no requests. prefix). CEL `matches` is RE2.
 _QUALIFIED_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"  # at most 63 characters
+# What the API server checks of the pod a DaemonSet's template makes (k8s.io/apimachinery validation), written as the
+# CRD's schema, so `kubectl apply` refuses a config whose DaemonSet would be refused (before, the config was taken
+# and only its status said why: tests/e2e/test_operator_fuzz.py draws specs until both agree).
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$"
+LABEL_KEY_PATTERN = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_QUALIFIED_NAME}$"  # a qualified name
+LABEL_VALUE_PATTERN = rf"^({_QUALIFIED_NAME})?$"
+ENV_NAME_PATTERN = r"^[ -<>-~]+$"  # printable ASCII but '=' (Kubernetes 1.34 and later)
+# A container's resource: a standard one (IsStandardContainerResourceName) or a qualified name with a domain.
+_STANDARD_RESOURCES = "cpu|memory|ephemeral-storage|hugepages-[^/]+"
+RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{_DNS_LABEL}(\.{_DNS_LABEL})*/{_QUALIFIED_NAME})$"
+TOLERATION_KEY_PATTERN = rf"^(({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_QUALIFIED_NAME})?$"  # a qualified name, or empty
+MAX_SELECTOR_LABELS = 64  # a bound for the CEL cost estimate of the key rule
+MAX_RESOURCES = 16
+MAX_TOLERATIONS = 64
+MAX_PATH = 1024  # a host or mount path: bounds the CEL cost of comparing every mount with every other
+
+
+def cel_string(text: str) -> str:
+    """`text` as a CEL string literal (a pattern for `matches`)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 RESOURCE_NAME_RULES: list[JsonValue] = [
     {
         "rule": f"self.matches('^{_QUALIFIED_PREFIX}/{_QUALIFIED_NAME}$')",
@@ -50,26 +73,99 @@ class LocalObjectReference(CrdModel):
 class EnvVar(CrdModel):
     """An environment variable of the plugin container (core/v1 EnvVar)."""
 
-    name: str = Field(min_length=1, max_length=1024, description="Variable name.")
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.valueFrom) || !has(self.value) || self.value == ''",
+                    "message": "value and valueFrom exclude each other",
+                }
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=ENV_NAME_PATTERN,
+        description="Variable name: printable ASCII characters but '='.",
+    )
     value: str | None = Field(default=None, description="Literal value.")
     valueFrom: EnvVarSource | None = Field(
         default=None, description="A core/v1 EnvVarSource (fieldRef, resourceFieldRef, configMapKeyRef, ...)."
     )
 
 
+def _resource_rules() -> list[JsonValue]:
+    extended = "k.contains('/') && !k.contains('kubernetes.io/')"  # IsExtendedResourceName, the key known valid
+    rules: list[JsonValue] = []
+    for field in ("limits", "requests"):
+        rules += [
+            {
+                "rule": f"!has(self.{field}) || self.{field}.all(k, k.matches({cel_string(RESOURCE_KEY_PATTERN)}))",
+                "message": f"{field} names must be cpu, memory, ephemeral-storage, hugepages-<size> or <domain>/<name>",
+            },
+            {
+                "rule": f"!has(self.{field}) || self.{field}.all(k, !({extended}) || type(self.{field}[k]) == int || "
+                f"self.{field}[k].matches('^[0-9]+$'))",
+                "message": f"{field} of extended resources (<domain>/<name>) must be whole numbers, written as digits",
+            },
+        ]
+    rules.append(
+        {
+            "rule": f"!has(self.requests) || self.requests.all(k, !({extended}) || "
+            "has(self.limits) && k in self.limits && string(self.limits[k]) == string(self.requests[k]))",
+            "message": "the request of an extended resource (<domain>/<name>) must equal its limit: extended "
+            "resources cannot be overcommitted",
+        }
+    )
+    return rules
+
+
 class ResourceRequirements(CrdModel):
     """CPU/memory requests and limits of the plugin container (core/v1 ResourceRequirements)."""
 
-    limits: dict[str, Quantity] | None = Field(default=None, description="Limits, e.g. {cpu: 100m, memory: 64Mi}.")
-    requests: dict[str, Quantity] | None = Field(default=None, description="Requests, e.g. {cpu: 10m}.")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _resource_rules()})
+
+    limits: dict[str, Quantity] | None = Field(
+        default=None, max_length=MAX_RESOURCES, description="Limits, e.g. {cpu: 100m, memory: 64Mi}."
+    )
+    requests: dict[str, Quantity] | None = Field(
+        default=None, max_length=MAX_RESOURCES, description="Requests, e.g. {cpu: 10m}."
+    )
+
+
+_TOLERATION_RULES: list[JsonValue] = [
+    {
+        "rule": "has(self.key) && self.key != '' || has(self.operator) && self.operator == 'Exists'",
+        "message": "operator must be Exists when key is empty (a toleration of every taint)",
+    },
+    {
+        "rule": "!(has(self.operator) && self.operator == 'Exists') || !has(self.value) || self.value == ''",
+        "message": "value must be empty when operator is Exists",
+    },
+    {
+        "rule": "!has(self.tolerationSeconds) || has(self.effect) && self.effect == 'NoExecute'",
+        "message": "effect must be NoExecute when tolerationSeconds is set",
+    },
+]
 
 
 class Toleration(CrdModel):
     """A core/v1 Toleration added to the plugin pods."""
 
-    key: str | None = Field(default=None, description="Taint key; empty with operator Exists matches all taints.")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _TOLERATION_RULES})
+
+    key: str | None = Field(
+        default=None,
+        max_length=317,
+        pattern=TOLERATION_KEY_PATTERN,
+        description="Taint key (a label key); empty with operator Exists matches all taints.",
+    )
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal [Equal].")
-    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    value: str | None = Field(
+        default=None, pattern=LABEL_VALUE_PATTERN, description="Taint value (a label value) for operator Equal."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match; empty matches all effects."
     )
@@ -96,8 +192,25 @@ class UpdateStrategy(CrdModel):
     )
 
 
+HostPathType = Literal[
+    "", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket", "CharDevice", "BlockDevice"
+]
+REGISTRATION_VOLUME = "device-plugins"  # the plugin pods' volumes of the operator's own (operator/render.py)
+CONFIG_VOLUME = "plugin-config"
+OWN_VOLUMES = (REGISTRATION_VOLUME, CONFIG_VOLUME)
+_VOLUME_RULES: list[JsonValue] = [
+    {
+        "rule": f"!(self.name in {list(OWN_VOLUMES)})",
+        "message": f"volume names {' and '.join(OWN_VOLUMES)} are the operator's own",
+    },
+    {"rule": "!self.hostPath.matches('(^|/)[.][.](/|$)')", "message": "hostPath must not contain '..'"},
+]
+
+
 class HostPathVolume(CrdModel):
     """An extra host directory or device mounted into the plugin container, e.g. /dev."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _VOLUME_RULES})
 
     name: str = Field(
         min_length=1,
@@ -105,21 +218,48 @@ class HostPathVolume(CrdModel):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Volume name (DNS label), unique among the volumes.",
     )
-    hostPath: str = Field(min_length=1, pattern=r"^/", description="Absolute path on the host.")
-    mountPath: str = Field(min_length=1, pattern=r"^/", description="Where the container sees it.")
+    hostPath: str = Field(min_length=1, max_length=MAX_PATH, pattern=r"^/", description="Absolute path on the host.")
+    mountPath: str = Field(min_length=1, max_length=MAX_PATH, pattern=r"^/", description="Where the container sees it.")
     readOnly: bool = Field(default=False, description="Mount read-only.")
-    type: str | None = Field(default=None, description="core/v1 HostPathType, e.g. Directory, CharDevice.")
+    type: HostPathType | None = Field(
+        default=None, description="core/v1 HostPathType, e.g. Directory, CharDevice (empty: no check)."
+    )
 
 
 class ConfigMapRef(CrdModel):
     """A ConfigMap in the config's namespace mounted into the plugin; its content hash restarts the plugin."""
 
-    name: str = Field(min_length=1, max_length=253, description="ConfigMap name.")
-    mountPath: str = Field(default=DEFAULT_CONFIG_MOUNT, pattern=r"^/", description="Where the container sees it.")
+    # A name the API server cannot take was sent in the operator's list by name, refused (400), and the config was
+    # left without a status.
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN, description="ConfigMap name.")
+    mountPath: str = Field(
+        default=DEFAULT_CONFIG_MOUNT, max_length=MAX_PATH, pattern=r"^/", description="Where the container sees it."
+    )
+
+
+# Each mount of the plugin container needs a path of its own (the API server refuses a pod with two at one path).
+_MOUNT_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
+        "message": "volumes must have different mountPaths",
+    },
+    {
+        "rule": f"!has(self.volumes) || self.volumes.all(v, v.mountPath != '{KUBELET_PLUGIN_DIR}')",
+        "message": f"a volume's mountPath must not be {KUBELET_PLUGIN_DIR}, where the registration directory goes",
+    },
+    {
+        "rule": f"!has(self.configMapRef) || self.configMapRef.mountPath != '{KUBELET_PLUGIN_DIR}' && "
+        "(!has(self.volumes) || self.volumes.all(v, v.mountPath != self.configMapRef.mountPath))",
+        "message": "configMapRef.mountPath must differ from the volumes' mountPaths and from "
+        f"{KUBELET_PLUGIN_DIR}, where the registration directory is mounted",
+    },
+]
 
 
 class DevicePluginConfigSpec(CrdModel):
     """Which device plugin to run, where, and how."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _MOUNT_RULES})
 
     resourceName: str = Field(
         min_length=3,
@@ -152,13 +292,28 @@ class DevicePluginConfigSpec(CrdModel):
         "NODE_NAME here is ignored.",
     )
     resources: ResourceRequirements | None = Field(default=None, description="CPU/memory of the plugin container.")
-    nodeSelector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels a node must have to run the plugin."
+    nodeSelector: dict[str, Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]] = Field(
+        default_factory=dict,
+        max_length=MAX_SELECTOR_LABELS,
+        description="Node labels a node must have to run the plugin.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, k.matches({cel_string(LABEL_KEY_PATTERN)}))",
+                    "message": "nodeSelector keys must be label keys: [<DNS subdomain>/]<name>, the name at most 63 "
+                    "characters of alphanumerics, '-', '_' and '.', starting and ending with an alphanumeric",
+                }
+            ]
+        },
     )
-    tolerations: list[Toleration] = Field(default_factory=list, description="Taints the plugin pods tolerate.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=MAX_TOLERATIONS, description="Taints the plugin pods tolerate."
+    )
     priorityClassName: str = Field(
         default=DEFAULT_PRIORITY_CLASS,
         min_length=1,
+        max_length=253,
+        pattern=DNS_SUBDOMAIN_PATTERN,
         description="Priority class of the plugin pods, so they are not evicted before the workloads they serve.",
     )
     updateStrategy: UpdateStrategy = Field(
@@ -173,7 +328,11 @@ class DevicePluginConfigSpec(CrdModel):
         f"{KUBELET_PLUGIN_DIR}.",
     )
     volumes: list[HostPathVolume] = Field(
-        default_factory=list, max_length=32, description="Extra host paths mounted into the plugin, e.g. /dev."
+        default_factory=list,
+        max_length=32,
+        description="Extra host paths mounted into the plugin, e.g. /dev.",
+        # Names unique: the API server refuses a second volume of one name when the config is written.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     configMapRef: ConfigMapRef | None = Field(
         default=None, description="A ConfigMap mounted into the plugin; changing its content restarts the plugin."

@@ -10,14 +10,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplane.api import dpc
+from deviceplane.api import corev1, dpc
 from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.operator import names
 from deviceplane.operator.names import ConfigKey
 
-REGISTRATION_VOLUME = "device-plugins"
-CONFIG_VOLUME = "plugin-config"
-CONTAINER_NAME = "plugin"
+REGISTRATION_VOLUME = dpc.REGISTRATION_VOLUME
+CONFIG_VOLUME = dpc.CONFIG_VOLUME
+CONTAINER_NAME = corev1.PLUGIN_CONTAINER_NAME
 SECURE_DEFAULT = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,

@@ -187,11 +187,109 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
             {"env": [{"name": "A", "valueFrom": {}}]},
             "valueFrom must set exactly one of configMapKeyRef, fieldRef, fileKeyRef, resourceFieldRef, secretKeyRef",
         ),
+        # What the CRD took and the API server then refused in the DaemonSet (found by test_operator_fuzz.py): the
+        # config is refused now, at `kubectl apply`, with the reason.
+        ({"tolerations": [{"operator": "Equal", "value": "x"}]}, "operator must be Exists when key is empty"),
+        ({"tolerations": [{"key": "k", "operator": "Exists", "value": "x"}]}, "value must be empty when operator"),
+        ({"tolerations": [{"key": "k", "tolerationSeconds": 5}]}, "effect must be NoExecute when tolerationSeconds"),
+        ({"tolerations": [{"key": "a b", "operator": "Exists"}]}, "spec.tolerations[0].key in body should match"),
+        ({"resources": {"limits": {"cpu": "abc"}}}, "spec.resources.limits.cpu in body should match"),
+        ({"resources": {"limits": {"cpu": -1}}}, "spec.resources.limits.cpu in body should be greater than or equal"),
+        ({"resources": {"limits": {"cpu gpu": "1"}}}, "limits names must be cpu, memory, ephemeral-storage"),
+        ({"resources": {"limits": {"x.io/gpu": "500m"}}}, "limits of extended resources (<domain>/<name>) must be"),
+        (
+            {"resources": {"limits": {"x.io/gpu": 2}, "requests": {"x.io/gpu": 1}}},
+            "the request of an extended resource (<domain>/<name>) must equal its limit",
+        ),
+        ({"priorityClassName": "Not_A_Class"}, "spec.priorityClassName in body should match"),
+        ({"env": [{"name": "A=B", "value": "1"}]}, "spec.env[0].name in body should match"),
+        (
+            {"env": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]},
+            "value and valueFrom exclude each other",
+        ),
+        ({"nodeSelector": {"a b": "x"}}, "nodeSelector keys must be label keys"),
+        ({"nodeSelector": {"a": "x y"}}, "spec.nodeSelector.a in body should match"),
+        ({"securityContext": {"runAsUser": 2**31}}, "spec.securityContext.runAsUser in body should be less than"),
+        ({"volumes": [{"name": "device-plugins", "hostPath": "/x", "mountPath": "/x"}]}, "are the operator's own"),
+        ({"volumes": [{"name": "a", "hostPath": "/x/../y", "mountPath": "/x"}]}, "hostPath must not contain '..'"),
+        (
+            {
+                "volumes": [
+                    {"name": "a", "hostPath": "/x", "mountPath": "/m"},
+                    {"name": "b", "hostPath": "/y", "mountPath": "/m"},
+                ]
+            },
+            "volumes must have different mountPaths",
+        ),
+        (
+            {
+                "volumes": [
+                    {"name": "a", "hostPath": "/x", "mountPath": "/m"},
+                    {"name": "a", "hostPath": "/y", "mountPath": "/n"},
+                ]
+            },
+            'spec.volumes[1]: Duplicate value: {"name":"a"}',
+        ),
+        (
+            {"volumes": [{"name": "a", "hostPath": "/x", "mountPath": "/var/lib/kubelet/device-plugins"}]},
+            "a volume's mountPath must not be /var/lib/kubelet/device-plugins",
+        ),
+        ({"configMapRef": {"name": "Bad Name"}}, "spec.configMapRef.name in body should match"),
+        (
+            {"configMapRef": {"name": "cm", "mountPath": "/var/lib/kubelet/device-plugins"}},
+            "configMapRef.mountPath must differ from the volumes' mountPaths",
+        ),
+        (
+            {"securityContext": {"privileged": True, "allowPrivilegeEscalation": False}},
+            "allowPrivilegeEscalation false and privileged true exclude each other",
+        ),
+        (
+            {"securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"add": ["SYS_ADMIN"]}}},
+            "allowPrivilegeEscalation false and capabilities.add SYS_ADMIN exclude each other",
+        ),
+        ({"securityContext": {"procMount": "Unmasked"}}, "procMount Unmasked needs the pod's hostUsers false"),
+        (
+            {"securityContext": {"seccompProfile": {"type": "RuntimeDefault", "localhostProfile": "p.json"}}},
+            "localhostProfile is required with type Localhost and not allowed with any other type",
+        ),
+        (
+            {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.nonsense"}}}]},
+            "spec.env[0].valueFrom.fieldRef.fieldPath in body should match",
+        ),
+        (
+            {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName", "apiVersion": "v2"}}}]},
+            "apiVersion must be v1",
+        ),
+        (
+            {"env": [{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.nothing"}}}]},
+            "spec.env[0].valueFrom.resourceFieldRef.resource in body should match",
+        ),
+        (
+            {"env": [{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory", "divisor": "1m"}}}]},
+            "the divisor of a memory, ephemeral-storage or hugepages resource must be one of",
+        ),
+        (
+            {
+                "env": [
+                    {"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "containerName": "x"}}}
+                ]
+            },
+            "containerName must be plugin, the plugin pods' one container",
+        ),
     ],
     ids=[
         *("bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0"),
         *("unknown-target", "security-context-typo", "security-context-type", "value-from-typo"),
         "value-from-no-source",
+        *("toleration-empty-key-equal", "toleration-exists-with-value", "toleration-seconds-not-noexecute"),
+        *("toleration-bad-key", "quantity-not-parsed", "quantity-negative", "resource-bad-name"),
+        *("extended-resource-fraction", "extended-resource-overcommitted", "priority-class-name", "env-name"),
+        *("env-value-and-value-from", "node-selector-key", "node-selector-value", "run-as-user-range"),
+        *("volume-own-name", "volume-backsteps", "volume-same-mount-path", "volume-same-name"),
+        *("volume-on-registration-dir", "configmap-name", "configmap-on-registration-dir"),
+        *("privileged-without-escalation", "sys-admin-without-escalation", "proc-mount-unmasked"),
+        *("localhost-profile-wrong-type", "field-path", "field-ref-api-version", "resource-field"),
+        *("divisor", "resource-field-container"),
     ],
 )
 def test_invalid_objects_are_refused_with_a_clear_message(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 import yaml
@@ -216,11 +216,30 @@ class _Union(BaseModel):
     value: int | bool
 
 
+class _BoundedIntOrString(BaseModel):
+    value: Annotated[int, Field(ge=0)] | Annotated[str, Field(pattern="^[0-9]+m$", max_length=8)]
+
+
+class _MisplacedKeyword(BaseModel):
+    value: int | Annotated[str, Field(multiple_of=2)]  # type: ignore[call-overload]  # a number's keyword on a str
+
+
+def test_an_int_or_string_keeps_each_options_own_keywords() -> None:
+    assert structural_schema(_BoundedIntOrString, mode="validation")["properties"]["value"] == {
+        "x-kubernetes-int-or-string": True,
+        "minimum": 0,
+        "maxLength": 8,
+        "pattern": "^[0-9]+m$",
+    }
+
+
 def test_generator_refuses_what_a_structural_schema_cannot_express() -> None:
     with pytest.raises(SchemaError, match="recursive"):
         structural_schema(_Node, mode="validation")
     with pytest.raises(SchemaError, match="union"):
         structural_schema(_Union, mode="validation")
+    with pytest.raises(SchemaError, match="union"):
+        structural_schema(_MisplacedKeyword, mode="validation")
 
 
 def test_spec_model_defaults_match_the_schema_defaults() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deviceplane.api.corev1 import QUANTITY_PATTERN
 from deviceplane.api.crd import structural_schema
 from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.operator import names
@@ -122,6 +123,11 @@ def test_integer_quantities_go_out_as_strings_from_one_type() -> None:
     assert container["resources"] == {"limits": {"cpu": "1", "memory": "64Mi"}, "requests": {"cpu": "0"}}
     assert container["env"][1]["valueFrom"]["resourceFieldRef"]["divisor"] == "1"
     schema = structural_schema(DevicePluginConfigSpec, mode="validation")["properties"]
-    assert schema["resources"]["properties"]["limits"]["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+    assert schema["resources"]["properties"]["limits"]["additionalProperties"] == {
+        "x-kubernetes-int-or-string": True,
+        "minimum": 0,  # an integer's bound and a string's form, each applied to values of its type
+        "maxLength": 64,
+        "pattern": QUANTITY_PATTERN,
+    }
     divisor = schema["env"]["items"]["properties"]["valueFrom"]["properties"]["resourceFieldRef"]["properties"]
     assert divisor["divisor"]["x-kubernetes-int-or-string"] is True
