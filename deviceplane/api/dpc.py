@@ -28,14 +28,14 @@ MAX_CONFLICT_NODES = 20  # node names listed per conflict; nodeCount stays exact
 # IsExtendedResourceName: not native, i.e. no kubernetes.io/, and no requests. prefix). CEL `matches` is RE2.
 _QUALIFIED_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"  # at most 63 characters
-# What the API server checks of the pod a DaemonSet's template makes (k8s.io/apimachinery validation), written as the
+# What the API server checks of the pod a DaemonSet's template makes (its core/v1 pod validation), written as the
 # CRD's schema, so `kubectl apply` refuses a config whose DaemonSet would be refused (before, the config was taken
 # and only its status said why: tests/e2e/test_operator_fuzz.py draws specs until both agree).
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$"
 LABEL_KEY_PATTERN = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_QUALIFIED_NAME}$"  # a qualified name
 LABEL_VALUE_PATTERN = rf"^({_QUALIFIED_NAME})?$"
-ENV_NAME_PATTERN = r"^[ -<>-~]+$"  # printable ASCII but '=' (Kubernetes 1.34 and later)
+ENV_NAME_PATTERN = r"^[ -<>-~]+$"  # printable ASCII but '=', as the v1.36 API server words its rule
 # A container's resource: a standard one (IsStandardContainerResourceName) or a qualified name with a domain.
 _STANDARD_RESOURCES = "cpu|memory|ephemeral-storage|hugepages-[^/]+"
 RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{_DNS_LABEL}(\.{_DNS_LABEL})*/{_QUALIFIED_NAME})$"

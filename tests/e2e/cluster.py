@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.procs import free_port
+from tests.support.required import unavailable
 
 from .pki import ClusterPKI
 from .procs import Proc, Procs, wait_for
@@ -62,6 +63,17 @@ def bin_dir() -> Path:
         ["bash", str(BUILD_SCRIPT), "--print-bin-dir"], capture_output=True, text=True, check=True, timeout=60
     )
     return Path(out.stdout.strip())
+
+
+def built_binary(name: str) -> Path:
+    """The built binary `name` (`make k8s-bins`); the test is unavailable without it (tests.support.required)."""
+    try:
+        path = bin_dir() / name
+    except (OSError, subprocess.SubprocessError) as exc:
+        unavailable(f"cannot locate the Kubernetes test binaries ({exc}): run `make k8s-bins`")
+    if not os.access(path, os.X_OK):
+        unavailable(f"{path} is missing: run `make k8s-bins`")
+    return path
 
 
 def missing_binaries(directory: Path, names: Sequence[str]) -> list[str]:

@@ -7,8 +7,6 @@ the values recorded: tests/e2e/test_proxy_snapshots.py.)"""
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,14 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.e2e.cluster import bin_dir
+from tests.e2e.cluster import built_binary
 from tests.e2e.harness import Harness, start_harness
 from tests.e2e.procs import Procs
 from tests.fuzz.conftest import assert_live
 from tests.support.fuzz import fuzz_settings
 from tests.support.procs import AgentProcess, TestPlugin, wait_for
 from tests.support.proxy_sides import AgentSide, Side, agent_side, kubelet_side, push_and_read
-from tests.support.required import unavailable
 
 RESOURCE = "example.com/px"
 Sent = tuple[str, str, list[int]]  # id, health, NUMA nodes
@@ -50,12 +47,7 @@ class Proxied:
 @pytest.fixture(scope="module")
 def proxied(fuzz_root: Path) -> Iterator[Proxied]:
     """The harness, a proxy-mode agent in front of it, and one plugin behind the agent, for every example."""
-    try:
-        exe = bin_dir() / "kubelet-harness"
-    except (OSError, subprocess.SubprocessError) as err:
-        unavailable(f"cannot locate the Kubernetes test binaries ({err}): run `make k8s-bins`")
-    if not os.access(exe, os.X_OK):
-        unavailable(f"{exe} missing: run `make k8s-bins`")
+    exe = built_binary("kubelet-harness")
     procs = Procs(fuzz_root / "px-logs")
     kubelet_dir, pod_resources = fuzz_root / "kdp", fuzz_root / "kpr" / "kubelet.sock"
     kubelet_dir.mkdir()

@@ -32,8 +32,7 @@ from deviceplane.core.checkpoint import (
     spew_text,
 )
 from deviceplane.core.constants import CHECKPOINT_NAME
-from tests.e2e.cluster import bin_dir
-from tests.support.required import unavailable
+from tests.e2e.cluster import built_binary
 from tests.unit.test_checkpoint import EXAMPLE, EXAMPLE_FILE, SPEC_VECTORS, checkpoints
 
 FIXED_TIME = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -278,13 +277,7 @@ class KubeletCheckpointPeer:
 
 @pytest.fixture(scope="session")
 def kubelet() -> Iterator[KubeletCheckpointPeer]:
-    try:
-        binary = bin_dir() / "checkpoint-peer"
-    except (OSError, subprocess.SubprocessError) as exc:
-        unavailable(f"cannot locate the Kubernetes test binaries ({exc}): run `make k8s-bins`")
-    if not os.access(binary, os.X_OK):
-        unavailable(f"the kubelet checkpoint peer {binary} is missing: run `make k8s-bins`")
-    peer = KubeletCheckpointPeer(binary)
+    peer = KubeletCheckpointPeer(built_binary("checkpoint-peer"))
     yield peer
     peer.close()
 
