@@ -107,8 +107,10 @@ def test_node_status_and_nodedevices_follow_the_plugin(agent_installed: Cluster,
     assert table[1].split()[:5] == [node, "1", "3", "3", "0"], table
     assert re.fullmatch(r"\d+s", table[1].split()[5]), table  # the heartbeat's age: a stopped agent shows
     wide = cluster.kubectl("get", "nodedevices", node, "-o", "wide").splitlines()
-    assert wide[0].split()[-3:] == ["PLUGINS", "DEVICES-HEALTHY", "AGE"], wide
+    assert wide[0].split()[-4:] == ["PLUGINS", "DEVICES-HEALTHY", "OWNERS-CURRENT", "AGE"], wide
     assert wide[1].split()[-3:-1] == ["True", "True"], wide
+    owners = wide[0].index("OWNERS-CURRENT")
+    assert wide[1][owners : owners + len("OWNERS-CURRENT")].strip() == "", wide  # proxy mode's condition: blank here
 
     # A health flip reaches allocatable and NodeDevices within the debounce interval + 1 s.
     clock.start()
