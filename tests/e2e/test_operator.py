@@ -51,6 +51,11 @@ def operator(installed: Cluster, procs: Procs, tmp_path_factory: pytest.TempPath
     op.stop()
 
 
+# The one spec the CRD takes and the API server then refuses in the DaemonSet (docs/operator.md): a request above its
+# limit. The CRD refuses every other such spec since test_operator_fuzz.py found them.
+REFUSED_IN_THE_DAEMONSET = {"limits": {"cpu": "100m"}, "requests": {"cpu": "200m"}}
+
+
 def tag() -> str:
     return os.urandom(3).hex()
 
@@ -654,16 +659,15 @@ def test_on_delete_says_it_waits_for_pod_deletion(operator: Operator, kwok_nodes
 def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     operator: Operator, kwok_nodes, namespace: str
 ) -> None:
-    """A volume named like the operator's registration volume passes the CRD's schema but the API server refuses the
-    DaemonSet (422, duplicate volume name). The old DaemonSet keeps running the previous spec, so the config must
-    not be Ready for its new generation, and the reconcile counts as failed. The refused update is sent once."""
+    """A request above its limit passes the CRD's schema but the API server refuses the DaemonSet (422). The old
+    DaemonSet keeps running the previous spec, so the config must not be Ready for its new generation, and the
+    reconcile counts as failed. The refused update is sent once."""
     cluster = operator.cluster
     _, config = ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "rej")
     failed = 'deviceplane_operator_reconcile_total{result="failed"}'
     failed_before = operator.metric(failed)
 
-    duplicate = [{"name": "device-plugins", "hostPath": "/tmp", "mountPath": "/mnt/tmp"}]
-    cluster.apply({**config, "spec": {**config["spec"], "volumes": duplicate}})
+    cluster.apply({**config, "spec": {**config["spec"], "resources": REFUSED_IN_THE_DAEMONSET}})
     wait_for("Degraded=DaemonSetRejected",
              lambda: condition(cluster, namespace, "rej", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc], timeout=30)  # fmt: skip
@@ -683,7 +687,7 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     ]  # fmt: skip
     assert len(refused) == 1, f"the refused update was sent {len(refused)} times"
 
-    cluster.apply(config)  # the volume removed again: the DaemonSet matches the config, Ready once more
+    cluster.apply(config)  # the resources as before: the DaemonSet matches the config, Ready once more
     wait_for("Ready again", lambda: condition(cluster, namespace, "rej", "Ready").get("status") == "True",
              procs=[operator.proc], timeout=ROLLOUT)  # fmt: skip
     delete_configs(cluster, namespace, "rej")
@@ -809,17 +813,16 @@ def test_a_newer_config_yields_several_nodes_to_an_older_one(operator: Operator,
 def test_an_older_config_whose_daemonset_is_refused_keeps_no_node(
     operator: Operator, kwok_nodes, namespace: str
 ) -> None:
-    """The older config's DaemonSet is refused (a toleration the CRD takes but the API server does not), so it runs
-    nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older one's spec is
-    fixed, its DaemonSet is created and the newer one leaves the node to it."""
+    """The older config's DaemonSet is refused (a request above its limit: the CRD takes it, the API server does
+    not), so it runs nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older
+    one's spec is fixed, its DaemonSet is created and the newer one leaves the node to it."""
     cluster = operator.cluster
     t = tag()
     x, y = f"e2e-x-{t}", f"e2e-y-{t}"
     (shared,) = kwok_nodes(1, prefix="ix", labels={x: "1", y: "1"}, taints=[])
     (alone,) = kwok_nodes(1, prefix="iy", labels={y: "1"}, taints=[])
     resource = f"example.com/idle-{t}"
-    refused = [{"key": "k", "operator": "Exists", "value": "v"}]  # 422: value must be empty with Exists
-    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, tolerations=refused))
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, resources=REFUSED_IN_THE_DAEMONSET))
     wait_for("the older config's DaemonSet to be refused",
              lambda: condition(cluster, namespace, "older", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc], timeout=30)  # fmt: skip

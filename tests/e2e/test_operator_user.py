@@ -16,6 +16,7 @@ from .operator_proc import Operator
 from .procs import wait_for
 from .test_operator import (
     MANIFESTS,
+    REFUSED_IN_THE_DAEMONSET,
     ROLLOUT,
     condition,
     delete_configs,
@@ -139,8 +140,7 @@ def test_kubectl_get_shows_a_config_whose_change_was_refused_as_not_ready(
     healthy_table = cluster.kubectl("get", "dpc", "tbl", "-n", namespace)
     healthy = row(cluster, namespace, "tbl")
 
-    duplicate = [{"name": "device-plugins", "hostPath": "/tmp", "mountPath": "/mnt/tmp"}]
-    cluster.apply({**config, "spec": {**config["spec"], "volumes": duplicate}})
+    cluster.apply({**config, "spec": {**config["spec"], "resources": REFUSED_IN_THE_DAEMONSET}})
     wait_for("Degraded=DaemonSetRejected",
              lambda: condition(cluster, namespace, "tbl", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc] if operator.proc else [], timeout=30)  # fmt: skip
