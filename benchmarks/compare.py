@@ -359,18 +359,27 @@ FLOOR_CLIENTS = (
 FLOOR_REQUEST = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["sim-0"])])
 
 
+def _nothing(_: int) -> None:
+    pass
+
+
 async def lean_allocates(
-    socket: Path, count: int, then: Callable[[int], object] = lambda _: None, window: BusyPoll | None = None
+    socket: Path,
+    count: int,
+    then: Callable[[int], object] = _nothing,
+    window: BusyPoll | None = None,
+    before: Callable[[int], object] = _nothing,
 ) -> list[float]:
-    """`count` Allocates of FLOOR_REQUEST by the agent's lean_grpc, each timed together with `then(i)` after it.
-    With `window` (the loop's busy-poll window, `polled_lean_allocates`), each call is polled for as the agent's
-    admitter polls for its Allocate."""
+    """`count` Allocates of FLOOR_REQUEST by the agent's lean_grpc, each timed together with `then(i)` after it
+    (`before(i)` runs untimed ahead of it). With `window` (the loop's busy-poll window, `polled_lean_allocates`),
+    each call is polled for as the agent's admitter polls for its Allocate."""
     wire = FLOOR_REQUEST.SerializeToString()
     channel = Channel(str(socket))
     try:
         await channel.unary("/v1beta1.DevicePlugin/Allocate", wire, 10)
         timings = []
         for i in range(count):
+            before(i)
             started = time.perf_counter()
             if window is not None:
                 window.arm()
@@ -384,20 +393,22 @@ async def lean_allocates(
         await channel.close()
 
 
-def polled_lean_allocates(socket: Path, count: int) -> list[float]:
+def polled_lean_allocates(
+    socket: Path, count: int, then: Callable[[int], object] = _nothing, before: Callable[[int], object] = _nothing
+) -> list[float]:
     """`lean_allocates` on a loop that busy-polls through each call, with the agent's window and budget
     (`deviceplane/agent/busy_poll.py`): the agent's own RPC wait polls, so a floor whose client sleeps in the
     kernel through the round trip would count the idle vCPU's wake-up as physics the agent does not pay."""
     window = BusyPoll(BUSY_POLL_SECONDS)
     with asyncio.Runner(loop_factory=window.event_loop) as runner:
-        return runner.run(lean_allocates(socket, count, window=window))
+        return runner.run(lean_allocates(socket, count, then, window, before))
 
 
 def allocate_round_trips(socket: Path, count: int) -> dict[str, float]:
     """The floor's RPC: a bare Allocate of one device to the sim process from this process, by each client in turn
     (grpc's sync stub, the agent's own lean_grpc sleeping and busy-polling through the call, grpc-go through
-    allocate-bench): p50 seconds per client. The floor
-    takes the fastest, so no client's overhead is counted as physics."""
+    allocate-bench): p50 seconds per client. The floor takes the fastest, so no client's overhead is counted as
+    physics."""
     p50s: dict[str, float] = {}
     with grpc.insecure_channel(f"unix://{socket}") as channel:
         stub = pb_grpc.DevicePluginStub(channel)
@@ -448,35 +459,22 @@ def bare_sequence(socket: Path, directory: Path, count: int, gap: float) -> list
     path = directory / "sequence.probe"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     record = [b"x" * (JOURNAL_RECORD_BYTES - 1) + b"\n"]
-    window = BusyPoll(BUSY_POLL_SECONDS)
-    wire = FLOOR_REQUEST.SerializeToString()
+    writes: list[float] = []
 
-    async def pairs() -> list[tuple[float, float]]:
-        channel = Channel(str(socket))
-        try:
-            await channel.unary("/v1beta1.DevicePlugin/Allocate", wire, 10)
-            timings = []
-            for i in range(count):
-                time.sleep(gap)  # noqa: ASYNC251 - asyncio.sleep's epoll timeout would round it up to 1 ms
-                started = time.perf_counter()
-                window.arm()
-                await channel.unary("/v1beta1.DevicePlugin/Allocate", wire, 10)
-                window.disarm()
-                answered = time.perf_counter()
-                os.pwritev(fd, record, i * JOURNAL_RECORD_BYTES, os.RWF_DSYNC)
-                timings.append((answered - started, time.perf_counter() - answered))
-            return timings
-        finally:
-            await channel.close()
+    def durable_write(i: int) -> None:
+        started = time.perf_counter()
+        os.pwritev(fd, record, i * JOURNAL_RECORD_BYTES, os.RWF_DSYNC)
+        writes.append(time.perf_counter() - started)
 
     try:
         os.write(fd, bytes(1 << 20))
         os.fsync(fd)
-        with asyncio.Runner(loop_factory=window.event_loop) as runner:
-            return runner.run(pairs())
+        # time.sleep, not asyncio.sleep: the loop's epoll timeout would round the gap up to 1 ms.
+        totals = polled_lean_allocates(socket, count, then=durable_write, before=lambda _: time.sleep(gap))
     finally:
         os.close(fd)
         path.unlink()
+    return [(total - write, write) for total, write in zip(totals, writes, strict=True)]
 
 
 @contextlib.contextmanager
