@@ -24,22 +24,22 @@ DEFAULT_CONFIG_MOUNT = "/etc/deviceplane/plugin-config"
 MAX_NAME_LENGTH = 56  # the DaemonSet is <name>-plugin and the name is a label value (<= 63 characters)
 MAX_CONFLICT_NODES = 20  # node names listed per conflict; nodeCount stays exact
 
-# An extended resource name is a qualified name with a domain prefix outside kubernetes.io (as the kubelet checks:
-# IsExtendedResourceName: not native, i.e. no kubernetes.io/, and no requests. prefix). CEL `matches` is RE2.
-_QUALIFIED_PREFIX = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 _QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"  # at most 63 characters
 # What the API server checks of the pod a DaemonSet's template makes (its core/v1 pod validation), written as the
 # CRD's schema, so `kubectl apply` refuses a config whose DaemonSet would be refused (before, the config was taken
-# and only its status said why: tests/e2e/test_operator_fuzz.py draws specs until both agree).
+# and only its status said why: tests/e2e/test_operator_fuzz.py draws specs until both agree). CEL `matches` is RE2.
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$"
-LABEL_KEY_PATTERN = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_QUALIFIED_NAME}$"  # a qualified name
+_DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
+_LABEL_KEY = rf"({_DNS_SUBDOMAIN}/)?{_QUALIFIED_NAME}"  # a qualified name
+DNS_LABEL_PATTERN = rf"^{_DNS_LABEL}$"
+DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"
+LABEL_KEY_PATTERN = rf"^{_LABEL_KEY}$"
 LABEL_VALUE_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 ENV_NAME_PATTERN = r"^[ -<>-~]+$"  # printable ASCII but '=', as the v1.36 API server words its rule
 # A container's resource: a standard one (IsStandardContainerResourceName) or a qualified name with a domain.
 _STANDARD_RESOURCES = "cpu|memory|ephemeral-storage|hugepages-[^/]+"
-RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{_DNS_LABEL}(\.{_DNS_LABEL})*/{_QUALIFIED_NAME})$"
-TOLERATION_KEY_PATTERN = rf"^(({_DNS_LABEL}(\.{_DNS_LABEL})*/)?{_QUALIFIED_NAME})?$"  # a qualified name, or empty
+RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{_DNS_SUBDOMAIN}/{_QUALIFIED_NAME})$"
+TOLERATION_KEY_PATTERN = rf"^({_LABEL_KEY})?$"  # a qualified name, or empty
 MAX_SELECTOR_LABELS = 64  # a bound for the CEL cost estimate of the key rule
 MAX_RESOURCES = 16
 MAX_TOLERATIONS = 64
@@ -53,7 +53,9 @@ def cel_string(text: str) -> str:
 
 RESOURCE_NAME_RULES: list[JsonValue] = [
     {
-        "rule": f"self.matches('^{_QUALIFIED_PREFIX}/{_QUALIFIED_NAME}$')",
+        # An extended resource name: a qualified name with a domain prefix outside kubernetes.io (as the kubelet
+        # checks: IsExtendedResourceName: not native, i.e. no kubernetes.io/, and no requests. prefix).
+        "rule": f"self.matches({cel_string(f'^{_DNS_SUBDOMAIN}/{_QUALIFIED_NAME}$')})",
         "message": "resourceName must be an extended resource name: <domain>/<name> (name at most 63 characters), "
         "e.g. example.com/gpu",
     },
@@ -215,7 +217,7 @@ class HostPathVolume(CrdModel):
     name: str = Field(
         min_length=1,
         max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS_LABEL_PATTERN,
         description="Volume name (DNS label), unique among the volumes.",
     )
     hostPath: str = Field(min_length=1, max_length=MAX_PATH, pattern=r"^/", description="Absolute path on the host.")

@@ -17,7 +17,7 @@ from deviceplane.operator.handlers import IndexView, install
 from deviceplane.operator.kube import KubeApi, load_client
 from deviceplane.operator.listing import ListingGate
 from deviceplane.operator.metrics import OperatorMetrics
-from deviceplane.operator.names import MANAGED_BY, MANAGED_BY_LABEL
+from deviceplane.operator.names import MANAGED_SELECTOR
 from deviceplane.operator.reconciler import Reconciler
 from deviceplane.stop_signals import StopOnceEventLoop
 
@@ -76,10 +76,9 @@ def settings_for(options: OperatorOptions) -> kopf.OperatorSettings:
     if options.peering is not None:
         settings.peering.name = options.peering
         settings.peering.priority = options.priority
-    managed = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     # Server-side filtering: only our DaemonSets and their pods stream to us, not every pod in the cluster.
-    settings.watching.label_selectors["daemonsets"] = managed
-    settings.watching.label_selectors["pods"] = managed
+    settings.watching.label_selectors["daemonsets"] = MANAGED_SELECTOR
+    settings.watching.label_selectors["pods"] = MANAGED_SELECTOR
     kopf_network.configure(settings)  # timeouts of kopf's lists and watches: see the module
     return settings
 
@@ -93,11 +92,10 @@ def operator_metrics(options: OperatorOptions) -> tuple[OperatorMetrics, LoopWat
 
 def build(options: OperatorOptions) -> Operator:
     api = KubeApi(load_client(options.kubeconfig))
-    plugin_pods = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     view = IndexView(
         ConfigMapHashes(api.find_configmap),
         node_gate=ListingGate("nodes", api.list_node_uids),
-        pod_gate=ListingGate("plugin pods", lambda: api.list_pod_uids(plugin_pods, options.namespaces)),
+        pod_gate=ListingGate("plugin pods", lambda: api.list_pod_uids(MANAGED_SELECTOR, options.namespaces)),
     )
     metrics, watchdog = operator_metrics(options)
     reconciler = Reconciler(view, api, metrics, workers=options.workers)

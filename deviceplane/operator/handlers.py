@@ -1,6 +1,7 @@
-"""kopf wiring (thin): watch caches (indexes) for what reconciliation reads, and event handlers that only say which
-configs to reconcile. Event handlers and indexes are silent in kopf: no annotations, no status writes, no
-finalizers, so the operator's only writes are the reconciler's.
+"""kopf wiring (thin): kopf indexes (configs, DaemonSets) and event-handler caches (nodes, plugin pods, referenced
+ConfigMaps) for what reconciliation reads, and event handlers that say which configs to reconcile. Event handlers and
+indexes are silent in kopf: no annotations, no status writes, no finalizers, so the operator's only writes are the
+reconciler's.
 """
 
 from __future__ import annotations

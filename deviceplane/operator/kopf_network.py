@@ -72,11 +72,6 @@ class RequestFailureLines(logging.Filter):
         return True
 
 
-def quiet_request_failures(interval: float = FAILURE_LINE_INTERVAL) -> RequestFailureLines:
-    """Install the filter on kopf's watching logger (idempotent per process: a second call replaces the first)."""
-    logger = logging.getLogger(KOPF_WATCHING_LOGGER)
-    for old in [f for f in logger.filters if isinstance(f, RequestFailureLines)]:
-        logger.removeFilter(old)
-    lines = RequestFailureLines(interval)
-    logger.addFilter(lines)
-    return lines
+def quiet_request_failures() -> None:
+    """Install the filter on kopf's watching logger (once, at the operator's start)."""
+    logging.getLogger(KOPF_WATCHING_LOGGER).addFilter(RequestFailureLines())

@@ -37,23 +37,23 @@ class ListingGate:
         self.what = what
         self._list_uids = list_uids
         self._recheck = recheck_seconds
-        self._seen: set[str] | None = set()  # shown before our list answered
-        self._pending: set[str] | None = None  # listed, not shown yet
+        self._seen: set[str] = set()  # shown before our list answered
+        self._pending: set[str] | None = None  # listed, not shown yet (None: our list has not answered)
         self._shown_all = asyncio.Event()
 
     def shown(self, uid: str) -> None:
         """kopf's watch showed this object (any event)."""
-        if self._pending is not None:
+        if self._pending is None:
+            self._seen.add(uid)
+        else:
             self._pending.discard(uid)
             if not self._pending:
                 self._shown_all.set()
-        elif self._seen is not None:
-            self._seen.add(uid)
 
     async def wait(self) -> None:
         listed = await self._list_retrying()
-        seen, self._seen = self._seen or set(), None
-        self._pending = listed - seen
+        self._pending = listed - self._seen
+        self._seen.clear()
         recheck = self._recheck
         while self._pending:
             self._shown_all.clear()

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "deviceplane-operator"
+# Our DaemonSets and their pods: kopf's watches and the listing gate's pod list must select the same ones.
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 CONFIG_LABEL = "deviceplane.io/config"  # the owning DevicePluginConfig's name, on the DaemonSet and its pods
 NAME_LABEL = "app.kubernetes.io/name"
 PLUGIN_APP = "deviceplane-plugin"

@@ -452,8 +452,6 @@ class Reconciler:
                 log.warning("reconcile %s: %s", key, message)  # the retry's own line says when
                 return _Applied(live, problem=("DaemonSetWriteFailed", message), retry=True)
             cause, message = _refusal(key, exc)
-            if cause != "internal":  # an internal failure is logged with its traceback by _refusal
-                log.warning("reconcile %s: %s", key, message)
             self._metrics.failures.labels(cause).inc()
             return _Applied(live, problem=("DaemonSetRejected", message), refused=cause)
         return _Applied(written or live, changed=written is not None)
@@ -626,13 +624,17 @@ def _excluded(affinity: Mapping[str, Any] | None) -> list[str]:
 
 
 def _refusal(key: ConfigKey, exc: Exception) -> tuple[str, str]:
-    """The failure cause (metric label) and the status message of a DaemonSet write that failed for good."""
+    """The failure cause (metric label) and the status message of a DaemonSet write that failed for good, logged."""
     if isinstance(exc, ApiException):
-        return "api_error", f"the API server refused the DaemonSet: {_api_message(exc)}"
-    if isinstance(exc, ValidationError):
-        return "invalid_spec", f"the Kubernetes client refused the DaemonSet before sending it: {_client_message(exc)}"
-    log.error("reconcile %s: writing the DaemonSet failed", key, exc_info=exc)
-    return "internal", f"the DaemonSet could not be written: {type(exc).__name__}: {exc}"
+        cause, message = "api_error", f"the API server refused the DaemonSet: {_api_message(exc)}"
+    elif isinstance(exc, ValidationError):
+        message = f"the Kubernetes client refused the DaemonSet before sending it: {_client_message(exc)}"
+        cause = "invalid_spec"
+    else:
+        log.error("reconcile %s: writing the DaemonSet failed", key, exc_info=exc)
+        return "internal", f"the DaemonSet could not be written: {type(exc).__name__}: {exc}"
+    log.warning("reconcile %s: %s", key, message)
+    return cause, message
 
 
 def _errors_message(exc: ValidationError, prefix: str = "", skip_argument: bool = False) -> str:
