@@ -1,4 +1,5 @@
-"""Upstream constants of the device-plugin API and the kubelet device manager (spec §1.3, §3, §4.1)."""
+"""Upstream constants of the device-plugin API and the kubelet device manager (spec §1.3, §3, §4.1), and the few of
+deviceplane's own that sit beside them."""
 
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ CHECKPOINT_TEMP_PREFIX: Final = "."  # checkpoint-store temp files; entries with
 NODE_WITHOUT_TOPOLOGY: Final = -1
 ENDPOINT_STOP_GRACE_PERIOD_SECONDS: Final = 300.0
 DIAL_TIMEOUT_SECONDS: Final = 10.0
-# Ours: the kubelet gives Allocate and GetPreferredAllocation no deadline (`--allocate-timeout`).
-ALLOCATE_TIMEOUT_SECONDS: Final = 10.0
 
 # pkg/kubelet/pluginmanager (plugin watcher) and pluginregistration/v1
 GET_INFO_TIMEOUT_SECONDS: Final = 1.0
@@ -34,3 +33,7 @@ PLUGIN_TYPE_DRA: Final = "DRAPlugin"
 # Go's int64: checkpoint NUMA ids and pod quantities must fit it.
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
+
+# deviceplane's own, no upstream value: the kubelet gives Allocate and GetPreferredAllocation no deadline
+# (`--allocate-timeout`).
+ALLOCATE_TIMEOUT_SECONDS: Final = 10.0

@@ -57,7 +57,7 @@ def checked_snapshot(devices: Sequence[Device]) -> tuple[list[Device], Problems]
     return out, problems
 
 
-def as_sent(devices: Sequence[Device]) -> tuple[list[Device], Problems]:
+def as_sent(devices: list[Device]) -> tuple[list[Device], Problems]:
     """Proxy mode: the devices unchanged, and (device, problem) for each one `checked_snapshot` would change or
     drop, saying what the kubelet makes of it."""
     problems: Problems = []
@@ -68,14 +68,14 @@ def as_sent(devices: Sequence[Device]) -> tuple[list[Device], Problems]:
         problem = _numa_problem(device)
         if problem is not None:
             problems.append((device, f"{problem}; the kubelet gets it as sent and counts the device by its health"))
-    return list(devices), problems
+    return devices, problems  # not copied: the caller's list is fresh from the message
 
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRules:
     """What a plugin connection does with each snapshot before the registry sees it, and how it logs a problem."""
 
-    apply: Callable[[Sequence[Device]], tuple[list[Device], Problems]]
+    apply: Callable[[list[Device]], tuple[list[Device], Problems]]
     logged_as: str
 
 

@@ -123,7 +123,9 @@ class KubeApi:
         except Exception as err:  # urllib3/ssl/socket errors: the server is unreachable or the connection broke
             # The pool's idle connections went through the same outage and may be as dead, silently (a lost NAT
             # entry): the publishers' retries at once would each take one and wait out its read timeout. Dropped, so
-            # the next requests dial anew (as the operator's client does, operator/kube.py).
+            # the next requests dial anew. (operator/kube.py drops its pool too, on urllib3's errors of the request
+            # alone; here on any failure but an API answer, the body's read included. A watch's read timeout,
+            # raised by `stream_lines`, does not pass here.)
             self._pool.clear()
             raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
 

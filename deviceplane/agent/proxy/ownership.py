@@ -68,6 +68,10 @@ class Outage:
     code: str  # the gRPC status code's name
     details: str
 
+    @property
+    def why(self) -> str:
+        return f"{self.code}: {self.details}" if self.details else self.code
+
 
 def kubelet_view(listed: pr.ListPodResourcesResponse, allocatable: pr.AllocatableResourcesResponse) -> KubeletView:
     view = KubeletView()
@@ -167,7 +171,7 @@ class Ownership:
         return PodResourcesLink(
             last_listed=self.last_listed if self.listed.is_set() else None,
             lost_since=lost.since_wall if lost is not None else None,
-            error=(f"{lost.code}: {lost.details}" if lost.details else lost.code) if lost is not None else None,
+            error=lost.why if lost is not None else None,
         )
 
     def kubelet_allocatable(self) -> dict[str, int]:
