@@ -30,21 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from tests.e2e.cluster import KWOK_NODE_LABEL, Cluster, bin_dir  # noqa: E402
 from tests.e2e.procs import Proc, Procs, wait_for  # noqa: E402
-from tests.support.procs import free_port  # noqa: E402
+from tests.support.procs import cpu_seconds, free_port, rss_mib  # noqa: E402
 
 OPERATOR_USER = "system:serviceaccount:deviceplane-system:deviceplane-operator"
 OPERATOR_GROUPS = ("system:serviceaccounts", "system:serviceaccounts:deviceplane-system")
 NAMESPACE = "bench"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
 
 
 def create_nodes(cluster: Cluster, count: int) -> None:

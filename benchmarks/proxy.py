@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from deviceplane.agent.proxy.endpoint import endpoint_name
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from tests.e2e.cluster import bin_dir
-from tests.support.procs import free_port, wait_for
+from tests.support.procs import cpu_seconds, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBELET_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # hard-coded in sample-device-plugin
@@ -229,12 +229,6 @@ class Route:
     name: str
     socket: Path
     pid: int
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, from /proc (clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ import pytest
 
 from deviceplane.operator.names import CONFIG_HASH_ANNOTATION
 from deviceplane.operator.render import configmap_hash
+from tests.support.procs import cpu_seconds, rss_mib
 
 from .cluster import Cluster, serve_cluster
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
@@ -37,16 +38,6 @@ def cluster(k8s_bin: Path, procs: Procs, tmp_path_factory: pytest.TempPathFactor
     """A control plane of this module's own (~10 s to start): its 2000 ConfigMaps, left to the namespace controller
     at its end, must not load the shared control plane for the modules after it."""
     yield from serve_cluster(k8s_bin, tmp_path_factory.mktemp("cluster-configmaps"), procs)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
-def rss_mib(pid: int) -> float:
-    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
-    return int(line.split()[1]) / 1024
 
 
 def create_unrelated_configmaps(cluster: Cluster, namespace: str, count: int) -> None:

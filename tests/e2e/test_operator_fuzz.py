@@ -21,7 +21,6 @@ import json
 import re
 import string
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,7 +32,7 @@ from tests.support.fuzz import fuzz_settings
 from .cluster import Cluster, KubectlError
 from .operator_proc import Operator
 from .procs import wait_for
-from .test_operator import delete_configs, dpc, installed, operator, tag
+from .test_operator import condition, delete_configs, dpc, installed, operator, tag
 
 __all__ = ["installed", "operator"]  # fixtures, re-used from test_operator.py
 
@@ -187,8 +186,11 @@ def canary(operator: Operator, namespace_module: str) -> dict[str, Any]:
     cluster = operator.cluster
     body = dpc("canary", namespace_module, "example.com/canary", nodeSelector={"e2e-fuzz-canary": tag()})
     cluster.apply(body)
-    wait_for("the canary Ready", lambda: reported(cluster, namespace_module, "canary", "Ready") == "True",
-             procs=[operator.proc], timeout=STATUS_WITHIN)  # fmt: skip
+
+    def ready() -> bool:
+        return condition(cluster, namespace_module, "canary", "Ready").get("status") == "True"
+
+    wait_for("the canary Ready", ready, procs=[operator.proc], timeout=STATUS_WITHIN)
     return cluster.get_json("daemonset", "canary-plugin", "-n", namespace_module)
 
 
@@ -209,18 +211,9 @@ def namespace_module(installed: Cluster) -> Iterator[str]:
     installed.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)
 
 
-def reported(cluster: Cluster, namespace: str, name: str, kind: str) -> str | None:
-    status = cluster.get_json("dpc", name, "-n", namespace).get("status") or {}
-    return next((c["status"] for c in status.get("conditions", []) if c["type"] == kind), None)
-
-
 def stored(cluster: Cluster, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
     out = cluster.kubectl("get", kind, name, "-n", namespace, "-o", "json", "--ignore-not-found")
     return json.loads(out) if out.strip() else None
-
-
-def log_size(path: Path) -> int:
-    return path.stat().st_size
 
 
 @fuzz_settings(bounded=60, long=3_000)
@@ -235,7 +228,7 @@ def test_any_config_the_api_server_takes_is_reported_and_disturbs_nothing(
     body["spec"].update(spec)
     body["spec"]["nodeSelector"] = {**body["spec"].get("nodeSelector", {}), "e2e-fuzz-none": tag()}
     internal_before = operator.metric(INTERNAL)
-    log_before = log_size(operator.proc.log)
+    log_before = operator.proc.log.stat().st_size
     canary_writes_before = canary_writes(operator, namespace)
     try:
         cluster.apply(body)
@@ -282,6 +275,6 @@ def test_any_config_the_api_server_takes_is_reported_and_disturbs_nothing(
         now = stored(cluster, "daemonset", namespace, "canary-plugin")
         assert now is not None and now["metadata"]["generation"] == canary["metadata"]["generation"]
         assert canary_writes(operator, namespace) == canary_writes_before, "the operator wrote to the canary"
-        assert reported(cluster, namespace, "canary", "Ready") == "True"
+        assert condition(cluster, namespace, "canary", "Ready").get("status") == "True"
     finally:
         delete_configs(cluster, namespace, name)  # its DaemonSet is left to the garbage collector

@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.procs import cpu_seconds, rss_mib
+
 from .cluster import Cluster, serve_cluster
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Procs, wait_for
 from .test_operator import installed
-from .test_operator_configmaps import cpu_seconds, rss_mib
 
 __all__ = ["installed"]  # a fixture, re-used on this module's cluster
 

@@ -4,19 +4,14 @@ polling it reports from `deviceplane_agent_busy_poll_seconds_total`."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tests.support.alloc_env import alloc_env
 from tests.support.pods import container, devices_of, pod_manifest, wait_settled, write_pod
+from tests.support.procs import cpu_seconds
 
 RES = "example.com/sim"
 HANG_SECONDS = 1.5
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _cpu_through_a_slow_allocate(root: Path, busy_poll: str) -> tuple[float, float | None]:
@@ -27,10 +22,10 @@ def _cpu_through_a_slow_allocate(root: Path, busy_poll: str) -> tuple[float, flo
         sim = env.sim(RES, 2, 0, "--no-pre-start")
         sim.control("PUT", "/faults/Allocate", {"mode": "hang", "seconds": HANG_SECONDS, "times": 1})
         assert agent.proc is not None
-        before = _cpu_seconds(agent.proc.pid)
+        before = cpu_seconds(agent.proc.pid)
         write_pod(env.pod_dir, "a.json", pod_manifest("a", [container("main", {RES: 1})], uid="uid-a"))
         pod = wait_settled(agent, "a")
-        spent = _cpu_seconds(agent.proc.pid) - before
+        spent = cpu_seconds(agent.proc.pid) - before
         assert pod["admitted"] and len(devices_of(pod, RES)) == 1
         return spent, agent.metric("deviceplane_agent_busy_poll_seconds_total")
 

@@ -211,3 +211,15 @@ class TestPlugin:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, from /proc (clock ticks: 10 ms here)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident set (VmRSS), MiB."""
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024

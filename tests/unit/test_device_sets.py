@@ -10,6 +10,9 @@ from typing import NamedTuple
 from hypothesis import given
 from hypothesis import strategies as st
 
+from deviceplane.agent.plugins.plugin_client import devices_from_proto
+from deviceplane.agent.proxy.feed import all_unhealthy
+from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
 from deviceplane.api.models import AgentView
 from deviceplane.core.device_sets import device_sets, kubelet_counts
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
@@ -109,7 +112,14 @@ def test_proxy_modes_view_counts_every_snapshot_as_the_kubelet(snapshots: list[l
     gone = spec_disconnect(spec_message(snapshots[-1]))
     assert agent_counts(registry) == (gone.capacity, gone.allocatable) * 2
     # The kubelet's stream then gets every device Unhealthy (proxy/feed.py): the same counts from that message.
-    resent = [Device(d.id, "Unhealthy", d.numa_nodes) for d in snapshots[-1]]
+    topologies = [pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in d.numa_nodes]) for d in snapshots[-1]]
+    last = pb.ListAndWatchResponse(
+        devices=[
+            pb.Device(ID=d.id, health=d.health, topology=topology if d.numa_nodes else None)
+            for d, topology in zip(snapshots[-1], topologies, strict=True)
+        ]
+    )
+    resent = devices_from_proto(all_unhealthy(last).devices)
     assert (spec_message(resent).capacity, spec_message(resent).allocatable) == (gone.capacity, gone.allocatable)
 
 
