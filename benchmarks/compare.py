@@ -677,9 +677,9 @@ def metrics(concurrency: int, sustained_pods: int) -> list[Metric]:
                 what = "Allocate only" if rpcs == "plain" else "+ GetPreferredAllocation, PreStart"
                 key = f"admit/{level}/{rpcs}/{workers}"
                 for stat in ("inside_p50", "p50", "p99"):
-                    target = None
-                    if stat == "p99" and rpcs == "plain" and workers == 1:
-                        target = {0: 0.5, HELD_LEVELS[-1]: 0.05}.get(level)
+                    # The p99 ratio targets came from its sequential Allocate-only figures; every workload
+                    # at those levels is judged by them, so no cell's miss hides behind the headline one's.
+                    target = {0: 0.5, HELD_LEVELS[-1]: 0.05}.get(level) if stat == "p99" else None
                     name = "p50 measured inside the side (durationNs)" if stat == "inside_p50" else stat
                     label = f"admission {name}, {level:,} held, {how}, {what}"
                     out.append(Metric(f"{key}/{stat}", label, "ms", target))
@@ -820,13 +820,13 @@ def write_report(out: Path, runs: Runs, info: dict[str, Any], args: argparse.Nam
                         f"| sequential p50, {level:,} held, {how} | {p50[0]:.2f} ms = {multiple:.2f}x floor | ≤ 1.5x "
                         f"| {verdict} |"
                     )
-        for level in (0, 5000):
-            p99 = summary(runs, Metric(f"admit/{level}/plain/{args.concurrency}/p99", "", "ms"), "deviceplane")
-            if p99:
-                verdict = verdict_for(p99[0] / 10, strict=True)
-                lines.append(
-                    f"| {args.concurrency}-concurrent p99, {level:,} held | {p99[0]:.2f} ms | < 10 ms | {verdict} |"
-                )
+        for level in (0, HELD_LEVELS[-1]):
+            for rpcs, what in (("plain", "Allocate only"), ("rpcs", "+ GetPreferredAllocation, PreStart")):
+                p99 = summary(runs, Metric(f"admit/{level}/{rpcs}/{args.concurrency}/p99", "", "ms"), "deviceplane")
+                if p99:
+                    verdict = verdict_for(p99[0] / 10, strict=True)
+                    label = f"{args.concurrency}-concurrent p99, {level:,} held, {what}"
+                    lines.append(f"| {label} | {fmt(p99, 'ms')} ms | < 10 ms | {verdict} |")
         rate = summary(runs, Metric("sustained", "", "/s"), "deviceplane")
         if rate:
             verdict = verdict_for(2000 / rate[0])

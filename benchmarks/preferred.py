@@ -21,15 +21,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deviceplane.plugin.preferred import pack_on_numa  # noqa: E402
+from deviceplane.plugin.preferred import NumaLayout, pack_on_numa  # noqa: E402
 from deviceplane.plugin.sim import numa_layout  # noqa: E402
 from tests.unit.preferred_oracle import sorting_everything  # noqa: E402
 
-Pack = Callable[[list[str], list[str], int, Mapping[str, Sequence[int]]], list[str]]
+Pack = Callable[[list[str], list[str], int, Mapping[str, Sequence[int]] | NumaLayout], list[str]]
 
 
 def measure(
-    pack: Pack, available: list[str], size: int, numa: Mapping[str, Sequence[int]], rounds: int, calls: int
+    pack: Pack,
+    available: list[str],
+    size: int,
+    numa: Mapping[str, Sequence[int]] | NumaLayout,
+    rounds: int,
+    calls: int,
 ) -> float:
     per_call = []
     for r in range(rounds + 1):
@@ -46,7 +51,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=200, help="calls per round [200]")
     args = parser.parse_args()
-    print(f"{'devices':>8} {'size':>5} {'old µs':>9} {'new µs':>9}  answers")
+    print(f"{'devices':>8} {'size':>5} {'old µs':>9} {'new µs':>9} {'layout µs':>10}  answers")
     differ = 0
     for devices in (1024, 10_000):
         numa = numa_layout(devices, 2)
@@ -54,9 +59,12 @@ def main() -> None:
         for size in (1, 8):
             old = measure(sorting_everything, available, size, numa, args.rounds, args.calls)
             new = measure(pack_on_numa, available, size, numa, args.rounds, args.calls)
-            same = pack_on_numa(available, [], size, numa) == sorting_everything(available, [], size, numa)
+            layout = NumaLayout(numa)
+            laid = measure(pack_on_numa, available, size, layout, args.rounds, args.calls)
+            answer = sorting_everything(available, [], size, numa)
+            same = pack_on_numa(available, [], size, numa) == answer == pack_on_numa(available, [], size, layout)
             differ += not same
-            print(f"{devices:>8} {size:>5} {old:>9.0f} {new:>9.0f}  {'(same)' if same else 'DIFFER'}")
+            print(f"{devices:>8} {size:>5} {old:>9.0f} {new:>9.0f} {laid:>10.0f}  {'(same)' if same else 'DIFFER'}")
     if differ:
         sys.exit(f"{differ} answers differ from the first version's")
 

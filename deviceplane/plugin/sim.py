@@ -23,7 +23,7 @@ from deviceplane.aio import cancel_and_wait
 from deviceplane.plugin.devices import MAX_MESSAGE_BYTES, DeviceListTooLarge
 from deviceplane.plugin.models import Allocation, Device, DeviceSpec
 from deviceplane.plugin.plugin import DevicePlugin
-from deviceplane.plugin.preferred import pack_on_numa
+from deviceplane.plugin.preferred import NumaLayout, pack_on_numa
 from deviceplane.plugin.sim_bounds import COUNT, FAULT_SECONDS, FAULT_TIMES, FLAP_RATE, NON_NEGATIVE, NUMA, PORT
 from deviceplane.plugin.sim_layout import all_unhealthy_message_bytes, numa_layout
 
@@ -140,6 +140,7 @@ class SimPlugin:
         registry_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.numa_of = numa_layout(count, numa)
+        self._packing = NumaLayout(self.numa_of)  # the devices never move between nodes
         longest = all_unhealthy_message_bytes(self.numa_of)
         if longest > MAX_MESSAGE_BYTES:
             raise DeviceListTooLarge(
@@ -212,7 +213,7 @@ class SimPlugin:
             allocation_size=size,
         )
         await self._fault("GetPreferredAllocation")
-        entry["result"] = pack_on_numa(available, must_include, size, self.numa_of)
+        entry["result"] = pack_on_numa(available, must_include, size, self._packing)
         return list(entry["result"])
 
     async def pre_start_container(self, device_ids: list[str]) -> None:

@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deviceplane.core.ordering import natural_key
-from deviceplane.plugin.preferred import pack_on_numa
+from deviceplane.plugin.preferred import NumaLayout, pack_on_numa
 from deviceplane.plugin.sim import numa_layout
 from tests.unit.preferred_oracle import sorting_everything_best_fit
 
@@ -97,7 +97,12 @@ odd_ids = st.lists(st.from_regex(r"\Ad[0-9]{1,3}(-[a-c])?\Z"), unique=True, max_
 @given(available=odd_ids, data=st.data())
 def test_same_answer_as_sorting_everything(available, data):
     """Against the rule written plainly (tests/unit/preferred_oracle.py), sorting every device of a node."""
-    numa_of = {d: data.draw(st.lists(st.integers(0, 3), max_size=3), label=d) for d in available}
+    # Some IDs the plugin does not know (no topology), some it knows but nobody asks about.
+    known = data.draw(st.lists(st.sampled_from(available), unique=True) if available else st.just([]))
+    extra = data.draw(st.lists(st.from_regex(r"\Ae[0-9]{1,2}\Z"), unique=True, max_size=3))
+    numa_of = {d: data.draw(st.lists(st.integers(0, 3), max_size=3), label=d) for d in [*known, *extra]}
     must = data.draw(st.lists(st.sampled_from(available), max_size=5) if available else st.just([]))
     size = data.draw(st.integers(min_value=0, max_value=len(available) + 2))
-    assert pack_on_numa(available, must, size, numa_of) == sorting_everything_best_fit(available, must, size, numa_of)
+    expected = sorting_everything_best_fit(available, must, size, numa_of)
+    assert pack_on_numa(available, must, size, numa_of) == expected
+    assert pack_on_numa(available, must, size, NumaLayout(numa_of)) == expected
