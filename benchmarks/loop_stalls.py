@@ -5,7 +5,7 @@ The agent runs as in compare.py (`--debug-admit-api`, 1,024-device sims, one ans
 GetPreferredAllocation and PreStart, and a filler resource), started through this script, which wraps asyncio's
 `Handle._run` (every callback the loop runs: a task's step, an I/O callback, a timer) to note the wall and CPU time
 of each one that takes `--threshold` or more (and of garbage collections as long, which run inside them), and
-`Admitter._admit` to note every admission over 10 ms (the product
+`Admitter._admit` to note every admission as long (the product
 has no such hooks; the wrapper costs ~1 us per callback). Traffic: compare.py's warm-up and sustained batches, then
 `--reps` rounds of the four cells (Allocate only / all RPCs, sequential / 8 concurrent, `--pods` each) without a pause,
 at 0 held and with 5,000 held.
@@ -13,11 +13,12 @@ at 0 held and with 5,000 held.
 Printed: the sustained batches' rate; per held level, the admissions over 10 ms in the 8-concurrent Allocate-only
 cells (as the client timed them) and those cells' p99s; the checkpoint file's writes (write and fsyncs, in their
 worker thread); then the long callbacks by what ran (a task's coroutine, or the callback's name): how many, the
-longest wall and CPU time, how many of the Allocate-only admissions over 10 ms (timed inside the agent) each
-overlapped, and how many ran while the checkpoint file was being written.
+longest wall and CPU time, how many of the slow admissions (timed inside the agent: over `--slow`, 10 ms, of the
+Allocate-only sim, or with `--resource rpcs` of the sim with all RPCs) each overlapped, and how many ran while the
+checkpoint file was being written.
 
     python benchmarks/loop_stalls.py [--reps 6] [--pods 200] [--held 5000] [--sustained 1000] [--threshold 0.001]
-                                     [--agent-source DIR]
+                                     [--slow 0.010] [--resource plain|rpcs] [--agent-source DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ if len(sys.argv) > 4 and sys.argv[1] == "--hooked-agent":  # the agent's own sou
 
 from benchmarks.compare import (  # noqa: E402
     PLAIN,
+    RPCS,
     AgentSide,
     percentile,
     rounds_of_cells,
@@ -48,6 +50,7 @@ from benchmarks.compare import (  # noqa: E402
 )
 
 SLOW_SECONDS = 0.010
+NOTED_ADMISSION_NS = 1_000_000  # the hooked agent notes every admission this long: `--slow` may not be shorter
 
 
 # ---- the hooked agent (runs in the agent's process) --------------------------------------------------------------
@@ -86,7 +89,7 @@ def hooked_agent(out: str, threshold: float, argv: list[str]) -> int:
             await admit(self, record)
         finally:
             wall = clock() - started
-            if wall > SLOW_SECONDS * 1e9:
+            if wall >= NOTED_ADMISSION_NS:
                 admissions.append((started, wall, sorted({r for c in record.pod.all_containers for r, _ in c.limits})))
 
     file_writes: list[tuple[int, int]] = []  # the checkpoint file's write and fsyncs (worker thread): start, wall
@@ -171,11 +174,15 @@ def run(args: argparse.Namespace) -> None:
             side.stop()
         marks = json.loads(side.marks_file.read_text())
     during = [mark for mark in marks["callbacks"] if traffic_started <= mark[0] <= traffic_ended]
-    slow = [(started, wall) for started, wall, resources in marks["admissions"] if resources == [PLAIN]]
+    resource = PLAIN if args.resource == "plain" else RPCS
+    slow = [
+        (started, wall) for started, wall, resources in marks["admissions"] if resources == [resource]
+        if wall > args.slow * 1e9
+    ]  # fmt: skip
     print(f"agent: {marks['agent']}")
     print(f"sustained 8-concurrent rate at 0 held: {rate:,.0f} admissions/s")
     writes = [(started, wall) for started, wall in marks["file_writes"] if traffic_started <= started <= traffic_ended]
-    report(cells, during, slow, writes, args.threshold)
+    report(cells, during, slow, writes, args)
 
 
 def report(
@@ -183,7 +190,7 @@ def report(
     callbacks: list[tuple[int, int, int, str]],
     admissions: list[tuple[int, int]],
     file_writes: list[tuple[int, int]],
-    threshold: float,
+    args: argparse.Namespace,
 ) -> None:
     for level, latencies in cells.items():
         every = [seconds for cell in latencies for seconds in cell]
@@ -193,14 +200,16 @@ def report(
             f"{level:,} held: {slow} of {len(every)} admissions > 10 ms in the 8-concurrent Allocate-only cells; "
             f"their p99 median {statistics.median(p99s):.2f} ms, worst {max(p99s):.2f} ms"
         )
-    print(f"Allocate-only admissions over 10 ms inside the agent, sequential and concurrent: {len(admissions)}")
+    which = "Allocate-only" if args.resource == "plain" else "all-RPCs"
+    slow_ms = f"{args.slow * 1e3:g} ms"
+    print(f"{which} admissions over {slow_ms} inside the agent, sequential and concurrent: {len(admissions)}")
     if file_writes:
         walls = sorted(wall / 1e6 for _, wall in file_writes)
         print(
             f"checkpoint file writes (write + fsyncs, worker thread): {len(walls)}, "
             f"median {statistics.median(walls):.1f} ms, longest {walls[-1]:.1f} ms"
         )
-    print(f"loop callbacks of {threshold * 1e3:g} ms or more during the traffic, by what ran:")
+    print(f"loop callbacks of {args.threshold * 1e3:g} ms or more during the traffic, by what ran:")
     by_kind: dict[str, list[tuple[int, int, int]]] = {}
     for started, wall, cpu, kind in callbacks:
         by_kind.setdefault(kind, []).append((started, wall, cpu))
@@ -231,6 +240,8 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=5000, help="containers held in the second half [5000]")
     parser.add_argument("--sustained", type=int, default=1000, help="pods per sustained batch, 3 batches [1000]")
     parser.add_argument("--threshold", type=float, default=0.001, help="seconds a callback must take to be noted")
+    parser.add_argument("--slow", type=float, default=SLOW_SECONDS, help="seconds that make an admission slow [0.010]")
+    parser.add_argument("--resource", choices=("plain", "rpcs"), default="plain", help="whose slow admissions [plain]")
     parser.add_argument(
         "--agent-source",
         type=Path,
@@ -238,6 +249,8 @@ def main() -> None:
         help="the checkout whose agent runs, for an A/B against another commit (`git worktree add`) [this one]",
     )
     args = parser.parse_args()
+    if args.slow * 1e9 < NOTED_ADMISSION_NS:
+        parser.error(f"--slow below {NOTED_ADMISSION_NS / 1e6:g} ms: the agent notes no shorter admission")
     run(args)
 
 

@@ -48,6 +48,24 @@ from tests.support.procs import ROOT, child_env
             "task AdmissionRunner._admit",
         ),
         (
+            "loop_stalls.py",
+            [
+                "--reps",
+                "1",
+                "--pods",
+                "8",
+                "--held",
+                "24",
+                "--sustained",
+                "40",
+                "--resource",
+                "rpcs",
+                "--slow",
+                "0.001",
+            ],
+            "all-RPCs admissions over 1 ms inside the agent",
+        ),
+        (
             "compare.py",
             [
                 "--runs",
