@@ -110,8 +110,9 @@ def shown_health(state: ResourceStatus, device_id: str, device: Device) -> str:
 
 def listed_first(state: ResourceStatus, held: Collection[str], limit: int) -> list[str]:
     """The `limit` devices a cut list shows, in ID order: the ones listed as not Healthy first, then the held ones,
-    then the rest. The first `limit` IDs alone could leave out exactly the devices someone reads the list for. Never a sort or a full pass of every ID when few are unhealthy or held: for 10 x 10,000 devices,
-    1 in 7 unhealthy (benchmarks/nodedevices.py's), 0.03 ms a resource; the whole bounded build 3.0 -> 3.9 ms."""
+    then the rest. The first `limit` IDs alone could leave out exactly the devices someone reads the list for. Never
+    a sort or a full pass of every ID when few are unhealthy or held: for 10 x 10,000 devices, 1 in 7 unhealthy
+    (benchmarks/nodedevices.py's), 0.03 ms a resource; the whole bounded build 3.0 -> 3.9 ms."""
     ids, devices = state.sorted_ids(), state.all_devices
     picked: set[str] = set()
     if state.unhealthy:  # some device is listed as not Healthy (with an ID sent twice, not only those)
