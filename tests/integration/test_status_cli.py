@@ -13,6 +13,7 @@ import yaml
 
 from tests.support.pods import simple_pod, wait_settled
 from tests.support.procs import ROOT, AgentProcess, TestPlugin, child_env, free_port, wait_for
+from tests.support.status_table import condition_rows
 
 R = "example.com/gpu"
 
@@ -64,19 +65,6 @@ def test_status_shows_devices_health_numa_and_owners(
     from_yaml = yaml.safe_load(as_yaml.stdout)
     assert from_yaml["devices"]["resources"] == document["devices"]["resources"]
     assert from_yaml["pods"] == document["pods"]
-
-
-def condition_rows(text: str) -> dict[str, list[str]]:
-    """The table's condition rows by type: [status, reason, since, ago, message] (SINCE is `<time> (<age> ago)`)."""
-    lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("CONDITION "))
-    rows = {}
-    for line in lines[start + 1 :]:
-        if not line.strip():
-            break
-        kind, status_, reason, since, ago, _ago_word, *message = line.split()
-        rows[kind] = [status_, reason, since, ago.lstrip("("), " ".join(message)]
-    return rows
 
 
 def test_status_shows_the_conditions_and_says_which_are_not_true(
