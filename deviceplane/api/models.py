@@ -28,7 +28,8 @@ class DeviceView(FrozenModel):
     id: str = Field(description="Device ID as the plugin reported it (ListAndWatch).")
     health: str = Field(
         description="Effective health, Healthy or Unhealthy: as last reported by the plugin, and Unhealthy while the "
-        "plugin is disconnected."
+        "plugin is disconnected. Proxy mode lists a device as the kubelet does: one the plugin sent more than once, "
+        "Healthy and otherwise, is allocatable with its last copy's health string, as sent."
     )
     numaNodes: list[int] = Field(
         default_factory=list, description="NUMA nodes of the device's topology; empty when the plugin gave none."

@@ -28,7 +28,7 @@ SUBCOMMANDS = {
     "plugin": ("deviceplane.plugin.cli", "run a reference device plugin"),
     "demo": ("deviceplane.cli.demo", "run the agent with reference plugins and show the result"),
     "operator": ("deviceplane.operator.cli", "run the DevicePluginConfig operator"),
-    "status": ("deviceplane.cli.status", "show the local agent's devices, health, NUMA nodes and owners"),
+    "status": ("deviceplane.cli.status", "show the local agent's conditions, devices, health, NUMA nodes and owners"),
 }
 
 

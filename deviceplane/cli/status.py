@@ -1,4 +1,4 @@
-"""`deviceplane status`: the local agent's resources, devices, health, NUMA nodes and owners, and its pods.
+"""`deviceplane status`: the local agent's conditions, resources, devices, health, NUMA nodes and owners, and its pods.
 
 Reads the agent's `/api/v1/devices` and `/api/v1/pods`; prints tables, or both documents as JSON or YAML.
 """
@@ -11,6 +11,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import yaml
@@ -108,6 +109,63 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def parse_time(text: Any) -> datetime | None:
+    """An RFC 3339 time as the agent writes them (`...Z`), or None when it is not one."""
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def human_duration(seconds: float) -> str:
+    """A duration as kubectl's ages read: 45s, 5m2s, 3h4m, 2d3h."""
+    s = max(int(seconds), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60}s" if s % 60 else f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60}m" if s % 3600 // 60 else f"{s // 3600}h"
+    return f"{s // 86400}d{s % 86400 // 3600}h" if s % 86400 // 3600 else f"{s // 86400}d"
+
+
+def since(condition: dict[str, Any], now: datetime | None) -> str:
+    """When the condition's status last changed, and how long ago by the agent's own clock (its heartbeat time in
+    the same document: no skew between this machine's clock and the agent's)."""
+    text = condition.get("lastTransitionTime") or "-"
+    changed = parse_time(text)
+    if changed is None or now is None:
+        return str(text)
+    return f"{text} ({human_duration((now - changed).total_seconds())} ago)"
+
+
+def conditions_table(devices: dict[str, Any]) -> str:
+    """The node's conditions, after a line saying which are not True (every one of the agent's is good when True),
+    so a bad one is seen without reading the table; empty when the agent gave none."""
+    conditions = [c for c in devices.get("conditions") or [] if isinstance(c, dict)]
+    if not conditions:
+        return ""
+    now = parse_time((devices.get("agent") or {}).get("lastHeartbeatTime"))
+    bad = [str(c.get("type")) for c in conditions if c.get("status") != "True"]
+    if bad:
+        summary = f"conditions: {len(bad)} of {len(conditions)} NOT True: {', '.join(bad)}"
+    else:
+        summary = f"conditions: all {len(conditions)} True"
+    rows = [
+        [str(c.get(key) or "-") for key in ("type", "status", "reason")] + [since(c, now), str(c.get("message") or "")]
+        for c in conditions
+    ]
+    return summary + "\n" + table(("CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE"), rows)
+
+
+def shown_health(health: str) -> str:
+    """Healthy and Unhealthy as they are; any other string a plugin sent (proxy mode lists it as the kubelet does)
+    quoted, so that `""` or `"Healthy "` is not read as blank or Healthy."""
+    return health if health in ("Healthy", "Unhealthy") else json.dumps(health, ensure_ascii=False)
+
+
 def devices_table(devices: dict[str, Any]) -> str:
     agent = devices.get("agent") or {}
     rows: list[list[str]] = []
@@ -124,11 +182,18 @@ def devices_table(devices: dict[str, Any]) -> str:
         )
         for device in resource.get("devices") or []:
             numa = ",".join(str(n) for n in device.get("numaNodes") or []) or "-"
-            rows.append(["", device["id"], device["health"], numa, owner(device)])
+            rows.append(["", device["id"], shown_health(device["health"]), numa, owner(device)])
         if resource.get("devicesTruncated"):
             rows.append(["", "...", "", "", "(device list truncated)"])
     title = f"node {agent.get('node', '?')} (agent {agent.get('version', '?')})"
-    return title + "\n" + table(("RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"), rows)
+    conditions = conditions_table(devices)
+    return "\n".join(
+        [
+            title,
+            *([conditions, ""] if conditions else []),
+            table(("RESOURCE", "DEVICE", "HEALTH", "NUMA", "ALLOCATED TO"), rows),
+        ]
+    )
 
 
 def pods_table(pods: list[dict[str, Any]]) -> str:

@@ -3,7 +3,9 @@
 Spec §4.4 genericDeviceUpdateCallback: every message replaces a map of the devices by ID (the last copy of an ID
 counts) and two ID sets: "Healthy" exactly puts the ID in the healthy set, anything else in the unhealthy one.
 §4.5 GetCapacity: capacity is the size of both sets, allocatable the healthy one's. So an ID sent both Healthy and
-otherwise is in both sets, counted twice in capacity and once in allocatable; topology plays no part.
+otherwise is in both sets, counted twice in capacity and once in allocatable; topology plays no part. §4.13
+GetAllocatableDevices lists the map's devices whose IDs the healthy set has: such an ID with its last copy, whatever
+that copy's health (core/view.py's `shown_health`).
 
 Agent mode corrects a snapshot first (core/snapshot.py), so its sets hold each ID once. Proxy mode gives them the
 list as the kubelet gets it, so the agent's view counts what the kubelet publishes.

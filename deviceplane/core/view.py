@@ -9,7 +9,7 @@ from deviceplane.api.models import AgentView, AllocatedTo, DevicesStatus, Device
 from deviceplane.core.conditions import ConditionTimes, PodResourcesLink, ResourceCounts
 from deviceplane.core.constants import HEALTHY, UNHEALTHY
 from deviceplane.core.device_sets import kubelet_counts
-from deviceplane.core.registry import DeviceRegistry, ResourceStatus
+from deviceplane.core.registry import Device, DeviceRegistry, ResourceStatus
 from deviceplane.core.times import rfc3339
 
 
@@ -81,8 +81,7 @@ def resource_view(
         devices.append(
             DeviceView(
                 id=device_id,
-                # Effective health: a disconnected plugin's devices are unhealthy (they cannot be allocated).
-                health=HEALTHY if device_id in state.healthy else UNHEALTHY,
+                health=shown_health(state, device_id, device),
                 numaNodes=list(device.numa_nodes),
                 allocatedTo=holders.holder(state.name, device_id),
             )
@@ -100,18 +99,28 @@ def resource_view(
     )
 
 
+def shown_health(state: ResourceStatus, device_id: str, device: Device) -> str:
+    """A device's health as GetAllocatableDevices lists it (spec §4.13): an ID in the healthy set with its last
+    copy's health string, as sent; any other ID is Unhealthy (also every device of a disconnected plugin). Only
+    proxy mode can show a string but Healthy for an ID in the healthy set (one it was sent with Healthy and then
+    otherwise: the kubelet may allocate it, and lists it so); agent mode keeps one copy of each ID, so there it is
+    Healthy exactly when the set has it."""
+    return device.health if device_id in state.healthy else UNHEALTHY
+
+
 def listed_first(state: ResourceStatus, held: Collection[str], limit: int) -> list[str]:
-    """The `limit` devices a cut list shows, in ID order: the unhealthy ones first (effective health, as listed),
-    then the held ones, then the rest. The first `limit` IDs alone could leave out exactly the devices someone reads
-    the list for. Never a sort or a full pass of every ID when few are unhealthy or held: for 10 x 10,000 devices,
-    1 in 7 unhealthy (benchmarks/nodedevices.py's), 0.03 ms a resource; the whole bounded build 3.0 -> 3.9 ms."""
+    """The `limit` devices a cut list shows, in ID order: the ones listed as not Healthy first, then the held ones,
+    then the rest. The first `limit` IDs alone could leave out exactly the devices someone reads the list for. Never
+    a sort or a full pass of every ID when few are unhealthy or held: for 10 x 10,000 devices, 1 in 7 unhealthy
+    (benchmarks/nodedevices.py's), 0.03 ms a resource; the whole bounded build 3.0 -> 3.9 ms."""
     ids, devices = state.sorted_ids(), state.all_devices
     picked: set[str] = set()
-    if len(state.healthy) < len(ids):
-        # The plugin's unhealthy set, when with the healthy one it is every device once (not after an ID sent twice
-        # with both healths): no pass over every ID to find them.
+    if state.unhealthy:  # some device is listed as not Healthy (with an ID sent twice, not only those)
+        # The plugin's unhealthy set, when with the healthy one it is every device once: no pass over every ID to
+        # find them. Otherwise (proxy mode, an ID sent both Healthy and not) a pass, for the IDs the healthy set has
+        # but that are listed by a last copy that is not Healthy.
         partitioned = len(state.healthy) + len(state.unhealthy) == len(ids)
-        _add_first(picked, ids, state.unhealthy if partitioned else devices.keys() - state.healthy, limit)
+        _add_first(picked, ids, state.unhealthy if partitioned else _listed_not_healthy(state), limit)
     if held and len(picked) < limit:
         _add_first(picked, ids, [d for d in held if d in devices and d not in picked], limit)
     for device_id in ids:
@@ -119,6 +128,11 @@ def listed_first(state: ResourceStatus, held: Collection[str], limit: int) -> li
             break
         picked.add(device_id)
     return sorted(picked)  # sorted_ids' order
+
+
+def _listed_not_healthy(state: ResourceStatus) -> set[str]:
+    healthy = state.healthy
+    return {i for i, device in state.all_devices.items() if i not in healthy or device.health != HEALTHY}
 
 
 def _add_first(picked: set[str], ids: Sequence[str], members: Collection[str], limit: int) -> None:

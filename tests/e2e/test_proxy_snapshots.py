@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.procs import TestPlugin
-from tests.support.proxy_sides import AgentSide, Listed, Side, agent_side, kubelet_side, push_and_read
+from tests.support.proxy_sides import AgentSide, Listed, Side, agent_side, differences, kubelet_side, push_and_read
 
 from .conftest import Agent
 from .harness import Harness
@@ -32,6 +32,12 @@ CASES: list[tuple[str, Listed, tuple[int, int]]] = [
         (3, 2),
     ),
     ("an ID twice, Unhealthy then Healthy", [["a", "Unhealthy", []], ["a", "Healthy", [0]]], (2, 1)),
+    ("an ID twice, Healthy then empty", [["a", "Healthy", [0]], ["a", "", []], ["b", "Unhealthy", []]], (3, 1)),
+    (
+        "an ID three times, the last healthy",
+        [["a", "Healthy", []], ["a", "Unhealthy", []], ["a", "healthy", [2]]],
+        (2, 1),
+    ),
     ("an ID twice, both not exactly Healthy", [["a", "healthy", []], ["a", "", []]], (1, 0)),
     (
         "NUMA IDs 64 and 70",
@@ -69,16 +75,15 @@ def test_the_agents_proxy_view_counts_bad_snapshots_as_the_kubelet_does(
     for n, (what, devices, by_spec) in enumerate(CASES):
         kubelet, shown = push_and_read(plugin, n, devices, read)
         rows.append(
-            f"{what}: kubelet {kubelet.capacity}/{kubelet.allocatable} healthy {sorted(kubelet.healthy)}; "
-            f"agent {shown.side.capacity}/{shown.side.allocatable} healthy {sorted(shown.side.healthy)}"
+            f"{what}: kubelet {kubelet.capacity}/{kubelet.allocatable} allocatable {sorted(kubelet.devices.items())}; "
+            f"agent {shown.capacity}/{shown.allocatable} lists {sorted(shown.devices.items())}"
         )
         if (kubelet.capacity, kubelet.allocatable) != by_spec:
             wrong.append(f"{what}: the kubelet counted {kubelet.capacity}/{kubelet.allocatable}, the spec {by_spec}")
-        if shown.side != kubelet:
-            wrong.append(f"{what}: the agent differs from the kubelet")
-        if (shown.healthy, shown.unhealthy) != (shown.side.allocatable, shown.side.capacity - shown.side.allocatable):
-            wrong.append(f"{what}: the agent's healthy/unhealthy {shown.healthy}/{shown.unhealthy} do not add up")
+        wrong += [f"{what}: the agent's {difference}" for difference in differences(kubelet, shown)]
     assert not wrong, "\n".join([*wrong, "", *rows])
+    # What the kubelet lists of an ID sent Healthy and then otherwise: allocatable, with the last copy's health.
+    assert rows[1].split("; ")[0].endswith("allocatable [('a', ('Unhealthy', (1,))), ('b', ('Healthy', ()))]"), rows
     assert agent.proc.alive()
 
     # The problems are still logged, once per device and problem, saying that nothing was corrected.

@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 from deviceplane.core.times import rfc3339
+from tests.support.status_table import condition_rows
 
 from .cluster import REPO
 from .conftest import Agent, Harness
@@ -71,6 +72,9 @@ def test_readyz_a_metric_and_a_condition_say_when_the_kubelets_pod_resources_sto
     assert listed is not None and abs(listed - time.time()) < 5
     current = owners_current(agent)
     assert current is not None and (current["status"], current["reason"]) == ("True", "PodResourcesListed")
+    shown = status_text(agent)
+    assert shown.splitlines()[1] == "conditions: all 3 True", shown
+    assert condition_rows(shown)["OwnersCurrent"][:3] == ["True", "PodResourcesListed", current["lastTransitionTime"]]
     time.sleep(1.1)  # a later second for the transition time
 
     procs.stop(h.proc)  # the kubelet goes, and its PodResources socket with it
@@ -90,6 +94,12 @@ def test_readyz_a_metric_and_a_condition_say_when_the_kubelets_pod_resources_sto
     assert metric(agent, "deviceplane_kubelet_pod_resources_last_list_timestamp_seconds") == stale  # not listed
     assert view(agent, SIM)[held]["allocatedTo"] is not None  # the last listing's owners, kept (and named stale)
     assert owners_current(agent) == lost  # a second later: the same message and time (nothing to write again)
+    # `deviceplane status` names it above its conditions table, with since when and why (exit 0: the agent answered)
+    shown = status_text(agent)
+    assert shown.splitlines()[1] == "conditions: 1 of 3 NOT True: OwnersCurrent", shown
+    status, reason, since, _age, message = condition_rows(shown)["OwnersCurrent"]
+    assert [status, reason, since, message] == ["False", "PodResourcesUnreachable", lost["lastTransitionTime"],
+                                                lost["message"]], shown  # fmt: skip
 
     h2 = kubelet_harness(kubelet_dir, pod_resources_socket=pod_resources)  # the same socket, served again
     wait_for("ready again", lambda: readyz(agent) == (200, "ok"), procs=[h2.proc, agent.proc], timeout=10)
@@ -98,6 +108,7 @@ def test_readyz_a_metric_and_a_condition_say_when_the_kubelets_pod_resources_sto
     assert again is not None and again > stale
     back = owners_current(agent)
     assert back is not None and (back["status"], back["reason"]) == ("True", "PodResourcesListed"), back
+    assert status_text(agent).splitlines()[1] == "conditions: all 3 True"
     assert back["lastTransitionTime"] > lost["lastTransitionTime"]
     # The new kubelet lists no pod (the harness keeps its pods in memory): the owners follow it.
     wait_for("owners relisted", lambda: view(agent, SIM)[held]["allocatedTo"] is None, procs=[agent.proc], timeout=5)

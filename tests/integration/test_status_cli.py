@@ -13,6 +13,7 @@ import yaml
 
 from tests.support.pods import simple_pod, wait_settled
 from tests.support.procs import ROOT, AgentProcess, TestPlugin, child_env, free_port, wait_for
+from tests.support.status_table import condition_rows
 
 R = "example.com/gpu"
 
@@ -64,6 +65,48 @@ def test_status_shows_devices_health_numa_and_owners(
     from_yaml = yaml.safe_load(as_yaml.stdout)
     assert from_yaml["devices"]["resources"] == document["devices"]["resources"]
     assert from_yaml["pods"] == document["pods"]
+
+
+def test_status_shows_the_conditions_and_says_which_are_not_true(
+    agent_factory: Callable[..., AgentProcess], plugin_factory: Callable[..., TestPlugin]
+) -> None:
+    """The node's conditions (type, status, reason, since when, message) above the resources, with a line naming
+    those that are not True; the exit stays 0 (the agent answered: a status to read, not a check). Agent mode has no
+    OwnersCurrent (the agent allocates, its owners are current by construction)."""
+    agent = agent_factory()
+    plugin = plugin_factory(agent.plugin_dir, "p.sock", [["g0", "Healthy", [0]], ["g1", "Unhealthy", [1]]])
+    plugin.register(R)
+    wait_for(lambda: agent.counts(R) == (2, 1))
+
+    shown = status("--url", agent.url)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[1] == "conditions: 1 of 2 NOT True: DevicesHealthy", shown.stdout
+    rows = condition_rows(shown.stdout)
+    assert set(rows) == {"PluginsConnected", "DevicesHealthy"}, shown.stdout
+    conditions = {c["type"]: c for c in agent.get("/api/v1/devices")["conditions"]}
+    for kind, (status_, reason, since, _ago, message) in rows.items():
+        assert [status_, reason, since, message] == [
+            conditions[kind][key] for key in ("status", "reason", "lastTransitionTime", "message")
+        ], shown.stdout
+    assert rows["DevicesHealthy"][:2] == ["False", "UnhealthyDevices"]
+    assert rows["DevicesHealthy"][4] == f"{R}: 1 of 2 unhealthy"
+    assert rows["PluginsConnected"][:2] == ["True", "AllConnected"]
+    assert rows["DevicesHealthy"][3].endswith("s"), shown.stdout  # an age, by the agent's clock
+    assert lines.index("") < next(i for i, line in enumerate(lines) if line.startswith("RESOURCE ")), shown.stdout
+
+    plugin.devices([["g0", "Healthy", [0]], ["g1", "Healthy", [1]]])
+    wait_for(lambda: agent.counts(R) == (2, 2))
+    healed = status("--url", agent.url)
+    assert healed.returncode == 0 and healed.stdout.splitlines()[1] == "conditions: all 2 True", healed.stdout
+    assert condition_rows(healed.stdout)["DevicesHealthy"][:2] == ["True", "AllHealthy"]
+
+    plugin.stop()
+    wait_for(lambda: (agent.resource(R) or {}).get("plugin", {}).get("connected") is False)
+    gone = status("--url", agent.url)
+    assert gone.returncode == 0, gone.stderr
+    assert gone.stdout.splitlines()[1] == "conditions: 2 of 2 NOT True: PluginsConnected, DevicesHealthy", gone.stdout
+    assert condition_rows(gone.stdout)["PluginsConnected"][::4] == ["False", f"not connected: {R}"], gone.stdout
 
 
 def test_status_lists_128_devices_per_resource_unless_told(

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from deviceplane.agent.plugins.plugin_client import devices_from_proto
 from deviceplane.agent.proxy.feed import all_unhealthy
 from deviceplane.api.deviceplugin.v1beta1 import api_pb2 as pb
-from deviceplane.api.models import AgentView
+from deviceplane.api.models import AgentView, DeviceView
 from deviceplane.core.device_sets import device_sets, kubelet_counts
 from deviceplane.core.registry import Device, DeviceRegistry, PluginOptions
 from deviceplane.core.snapshot import REPEATED, as_sent, checked_snapshot
@@ -62,6 +62,22 @@ def spec_capacity(all_devices: dict[str, Device], healthy_devices: set[str], unh
     return Kubelet(all_devices, healthy_devices, unhealthy_devices, capacity, allocatable)
 
 
+def spec_allocatable(kubelet: Kubelet) -> dict[str, Device]:
+    """§4.13 GetAllocatableDevices: allDevices filtered to healthyDevices (the map's device, the last copy sent)."""
+    return {device_id: dev for device_id, dev in kubelet.all_devices.items() if device_id in kubelet.healthy}
+
+
+def listed_as_the_kubelet_lists(shown: Sequence[DeviceView], kubelet: Kubelet) -> None:
+    """Each ID listed once (allDevices) with its last copy's NUMA nodes; an allocatable one with the health string
+    GetAllocatableDevices gives it, any other Unhealthy."""
+    assert {d.id for d in shown} == set(kubelet.all_devices)
+    allocatable = spec_allocatable(kubelet)
+    for device in shown:
+        assert tuple(device.numaNodes) == kubelet.all_devices[device.id].numa_nodes
+        listed = allocatable.get(device.id)
+        assert device.health == (listed.health if listed is not None else "Unhealthy"), (device, kubelet)
+
+
 def spec_disconnect(before: Kubelet) -> Kubelet:
     """§4.4 markResourceUnhealthy: every healthy ID moves to unhealthy; allDevices unchanged."""
     return spec_capacity(before.all_devices, set(), before.unhealthy | before.healthy)
@@ -101,16 +117,13 @@ def test_proxy_modes_view_counts_every_snapshot_as_the_kubelet(snapshots: list[l
         (shown,) = devices_status(registry, AgentView(version="0", node="n", lastHeartbeatTime="x")).resources
         assert (shown.capacity, shown.allocatable, shown.healthy) == (*want, kubelet.allocatable)
         assert shown.unhealthy == len(kubelet.unhealthy)
-        # Each ID listed once (allDevices), Healthy exactly when the kubelet would allocate it, with the last
-        # copy's NUMA nodes.
-        assert {d.id for d in shown.devices} == set(kubelet.all_devices)
-        for device in shown.devices:
-            assert (device.health == "Healthy") == (device.id in kubelet.healthy)
-            assert tuple(device.numaNodes) == kubelet.all_devices[device.id].numa_nodes
+        listed_as_the_kubelet_lists(shown.devices, kubelet)
 
     registry.plugin_disconnected(R, SOCKET, 1.0)
     gone = spec_disconnect(spec_message(snapshots[-1]))
     assert agent_counts(registry) == (gone.capacity, gone.allocatable) * 2
+    (shown,) = devices_status(registry, AgentView(version="0", node="n", lastHeartbeatTime="x")).resources
+    listed_as_the_kubelet_lists(shown.devices, gone)  # nothing allocatable: every device Unhealthy
     # The kubelet's stream then gets every device Unhealthy (proxy/feed.py): the same counts from that message.
     topologies = [pb.TopologyInfo(nodes=[pb.NUMANode(ID=n) for n in d.numa_nodes]) for d in snapshots[-1]]
     last = pb.ListAndWatchResponse(
@@ -121,6 +134,46 @@ def test_proxy_modes_view_counts_every_snapshot_as_the_kubelet(snapshots: list[l
     )
     resent = devices_from_proto(all_unhealthy(last).devices)
     assert (spec_message(resent).capacity, spec_message(resent).allocatable) == (gone.capacity, gone.allocatable)
+
+
+def test_an_id_sent_healthy_then_otherwise_is_listed_with_its_last_copys_health() -> None:
+    """The kubelet allocates such a device (its ID is in the healthy set) and GetAllocatableDevices lists it with its
+    last copy: so does proxy mode's view; it counts in allocatable and healthy, and in unhealthy too."""
+    registry = DeviceRegistry(grace_period=300)
+    registry.plugin_connected(R, SOCKET, PluginOptions(), 0.0)
+    sent = [Device("a", "Healthy"), Device("a", "Unhealthy", (1,)), Device("b", "Healthy"), Device("c", "Healthy"),
+            Device("c", "", ()), Device("d", "healthy"), Device("d", "Healthy", (0,))]  # fmt: skip
+    registry.apply_snapshot(R, SOCKET, as_sent(sent)[0])
+    (shown,) = devices_status(registry, AgentView(version="0", node="n", lastHeartbeatTime="x")).resources
+    assert [(d.id, d.health, d.numaNodes) for d in shown.devices] == [
+        ("a", "Unhealthy", [1]),
+        ("b", "Healthy", []),
+        ("c", "", []),
+        ("d", "Healthy", [0]),
+    ]
+    assert (shown.capacity, shown.allocatable, shown.healthy, shown.unhealthy) == (7, 4, 4, 3)
+
+
+@fuzz_settings(bounded=300, long=50_000)
+@given(st.lists(DEVICES, min_size=1, max_size=3))
+def test_agent_modes_view_lists_only_healthy_and_unhealthy(snapshots: list[list[Device]]) -> None:
+    """Agent mode corrects each snapshot first (one copy of each ID, NUMA IDs >= 64 Unhealthy): its view lists
+    Healthy exactly for the devices it counts healthy, Unhealthy for the rest, as before proxy mode's listing."""
+    registry = DeviceRegistry(grace_period=300)
+    registry.plugin_connected(R, SOCKET, PluginOptions(), 0.0)
+    for devices in snapshots:
+        corrected, _problems = checked_snapshot(devices)
+        registry.apply_snapshot(R, SOCKET, corrected)
+        state = registry.resource(R)
+        assert state is not None
+        (shown,) = devices_status(registry, AgentView(version="0", node="n", lastHeartbeatTime="x")).resources
+        assert {d.id: d.health for d in shown.devices} == {
+            d.id: "Healthy" if d.id in state.healthy else "Unhealthy" for d in corrected
+        }
+        last = {d.id: d for d in devices}  # the last copy of each ID counts
+        assert {d.id for d in shown.devices if d.health == "Healthy"} == {
+            i for i, d in last.items() if d.health == "Healthy" and not (d.numa_nodes and max(d.numa_nodes) >= 64)
+        }
 
 
 @fuzz_settings(bounded=300, long=50_000)

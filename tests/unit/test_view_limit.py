@@ -82,3 +82,15 @@ def test_limit_agrees_with_ranking_everything(ids: list[str], limit: int, data: 
     ranked = sorted(ids, key=lambda d: (0 if d in sick else 1 if d in held else 2, d))
     assert shown == sorted(ranked[:limit])
     assert truncated == (limit < len(ids))
+
+
+def test_a_cut_list_shows_first_an_id_listed_by_a_last_copy_not_healthy() -> None:
+    """Proxy mode, an ID sent Healthy then Unhealthy: the kubelet's healthy set has it (every ID is in it, so none
+    would look unhealthy by counts), but it is listed Unhealthy (its last copy), so a cut list shows it first."""
+    registry = DeviceRegistry(grace_period=300)
+    registry.plugin_connected(R, "/r.sock", PluginOptions(), 0.0)
+    sent = [Device("z", "Healthy"), Device("z", "Unhealthy"), Device("a", "Healthy"), Device("b", "Healthy")]
+    registry.apply_snapshot(R, "/r.sock", sent)  # as proxy mode takes it (core.snapshot.as_sent: unchanged)
+    (resource,) = devices_status(registry, AGENT, HeldDevices({"b"}), device_limit=2).resources
+    assert [(d.id, d.health) for d in resource.devices] == [("b", "Healthy"), ("z", "Unhealthy")]
+    assert (resource.healthy, resource.unhealthy, resource.devicesTruncated) == (3, 1, True)
