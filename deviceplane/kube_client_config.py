@@ -3,8 +3,9 @@ retries off.
 
 urllib3 retried each failed request 3 times, each with a WARNING of its own, and against a server that drops
 packets waited 4 timeouts before the caller's own retry started. Each program has that retry already, with a backoff
-(the agent's kube backoff, the operator's per-config reconcile backoff): it is the one retry. Needs the `cluster` or
-`operator` extra (the kubernetes package).
+(the agent's kube backoff, the operator's per-config reconcile backoff): it is the one retry. When a failed request
+drops the client's connection pool: deviceplane/kube_pool.py. Needs the `cluster` or `operator` extra (the kubernetes
+package).
 """
 
 from __future__ import annotations

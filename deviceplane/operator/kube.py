@@ -10,12 +10,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from deviceplane.api import dpc
 from deviceplane.kube_client_config import client_configuration
+from deviceplane.kube_pool import PoolDrop
 from deviceplane.operator.names import ConfigKey
 
 __all__ = ["ApiException", "KubeApi", "load_client"]
@@ -43,7 +43,7 @@ def _uids(answer: Mapping[str, Any]) -> set[str]:
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT) -> None:
         self._request_timeout = request_timeout
-        self._pool = api_client.rest_client.pool_manager
+        self._pool_drop = PoolDrop(api_client.rest_client.pool_manager)
         self._apps = client.AppsV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
@@ -110,14 +110,9 @@ class KubeApi:
 
     async def _json(self, call: Any, *args: Any) -> dict[str, Any]:
         def run() -> dict[str, Any]:
-            try:
+            with self._pool_drop:  # the request and its body's read
                 response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
-            except urllib3.exceptions.HTTPError:
-                # A timeout or lost connection: the pool's idle connections went through the same outage and may be
-                # as dead, silently; requests at once (the reconciler's workers) would each take one and wait out
-                # its timeout. Drop them: the next requests dial new connections.
-                self._pool.clear()
-                raise
-            return dict(json.loads(response.data or b"{}"))
+                body = response.data
+            return dict(json.loads(body or b"{}"))
 
         return await asyncio.to_thread(run)

@@ -22,7 +22,7 @@ from deviceplane.agent.kube.errors import KubeError
 from deviceplane.agent.kube.events import warning_event
 from deviceplane.agent.kube.pod_watch import ApiPodSource
 from deviceplane.core.pods import Pod
-from tests.support.tcp_proxy import TcpProxy, silenced_pooled_connections
+from tests.support.tcp_proxy import TcpProxy, idle_pooled_connections, silenced_pooled_connections
 
 from .agent_cluster import bound_token, daemonset_pod, token_kubeconfig
 from .cluster import Cluster
@@ -267,3 +267,35 @@ def test_after_one_request_failed_requests_at_once_do_not_take_the_other_dead_po
     answers = asyncio.run(three_at_once())
     assert answers == [None, None, None], f"not all answered: {answers!r}"
     assert time.monotonic() - started < 10
+
+
+def test_after_a_watch_went_silent_requests_at_once_do_not_take_the_other_dead_pooled_connections(
+    cluster: Cluster, proxy: TcpProxy, namespace: str, tmp_path: Path
+) -> None:
+    """A watch whose connection goes silent fails on its read timeout, raised while its stream is read, after the
+    request returned: the pool was dropped only on a failed request, so the publishers' requests at once afterwards
+    took the pool's other connections, silent since the same outage, each to wait out its 15 s read timeout. Now
+    they dial anew."""
+    api = proxied_admin(cluster, proxy, tmp_path)
+    node = f"quiet-{namespace}"
+    cluster.apply(bare_pod(namespace, "p", node))
+    idle_pooled_connections(proxy, lambda: api.core.list_namespace(_preload_content=False), 3)
+    watch = api.watch_pods(node, "0", 60, read_timeout=1.0)  # from "0": the pod there now comes first, as ADDED
+    assert next(watch).type == "ADDED"
+    assert proxy.accepted == 3, "the watch did not take a pooled connection"
+    assert proxy.blackhole() == 3  # the watch's and the two idle ones
+    with pytest.raises(KubeError, match="ReadTimeoutError"):
+        for _ in watch:  # what was on its way already (a bookmark), then silence
+            pass
+
+    async def three_at_once() -> list[BaseException | dict[str, Any] | None]:
+        reads = (asyncio.to_thread(api.get_node, "absent") for _ in range(3))
+        return await asyncio.gather(*reads, return_exceptions=True)
+
+    started = time.monotonic()
+    answers = asyncio.run(three_at_once())
+    elapsed = time.monotonic() - started
+    print(f"three reads at once: {elapsed:.2f} s")
+    assert answers == [None, None, None], f"not all answered: {answers!r}"
+    assert proxy.accepted == 3 + 3, "not each on a new connection"
+    assert elapsed < 5, f"{elapsed:.1f} s for three reads at once (a dead connection: 15 s)"

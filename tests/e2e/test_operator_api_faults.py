@@ -11,6 +11,7 @@ their timeouts and retries are set in deviceplane/operator/kopf_network.py (test
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client import CoreV1Api
+from urllib3.exceptions import ReadTimeoutError
 
 from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.operator.kube import KubeApi, load_client
@@ -106,3 +108,42 @@ def test_after_one_request_timed_out_requests_at_once_do_not_take_the_other_dead
 
     answers = asyncio.run(three_at_once())
     assert all(getattr(a, "status", None) == 404 for a in answers), f"not all answered: {answers!r}"
+
+
+BLOB = 512 * 1024  # bytes of a ConfigMap's data: an answer of many TLS records
+PART = 64 * 1024  # bytes of that answer that arrive: past its headers, short of its end
+
+
+def test_after_an_answer_went_silent_mid_body_requests_at_once_do_not_take_the_other_dead_pooled_connections(
+    cluster: Cluster, proxy: TcpProxy, namespace: str, tmp_path: Path
+) -> None:
+    """An answer whose connection goes silent after its headers and part of its body fails while the body is read,
+    after the request returned: a failure of the network all the same, and the pool's other idle connections went
+    through it too. The pool was dropped only when the request itself failed, so requests at once afterwards (the
+    reconciler's workers) took the other dead connections, each to wait out its timeout. Now they dial anew."""
+    blob = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "blob"}, "data": {"blob": "x" * BLOB}}
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(blob))  # not applied: no annotation copy
+    assert cluster.pki is not None
+    path = tmp_path / "operator.kubeconfig"
+    api_client = load_client(str(cluster.pki.kubeconfig(f"https://{proxy.address}", "admin", ("system:masters",),
+                                                        path=path)))  # fmt: skip
+    timeout = 4.0  # the requests at once are held to half of it
+    api = KubeApi(api_client, request_timeout=timeout)
+    core = CoreV1Api(api_client)
+    silenced_pooled_connections(proxy, lambda: core.list_namespace(_preload_content=False), 4)
+    proxy.blackhole_newest_after(PART)  # the connection the next request takes
+    with pytest.raises(ReadTimeoutError) as lost:
+        asyncio.run(api.find_configmap(namespace, "blob"))
+    assert is_transient(lost.value), repr(lost.value)
+    assert proxy.accepted == 4, "the answer did not come on the pooled connection"
+
+    async def three_at_once() -> list[BaseException | dict[str, Any]]:
+        return await asyncio.gather(*(api.get_daemonset(namespace, "absent") for _ in range(3)), return_exceptions=True)
+
+    started = time.monotonic()
+    answers = asyncio.run(three_at_once())
+    elapsed = time.monotonic() - started
+    print(f"three reads at once: {elapsed:.2f} s")
+    assert all(getattr(a, "status", None) == 404 for a in answers), f"not all answered: {answers!r}"
+    assert proxy.accepted == 4 + 3, "not each on a new connection"
+    assert elapsed < timeout / 2, f"{elapsed:.1f} s for three reads at once"

@@ -1,8 +1,8 @@
 """A TCP proxy between a client and a server, for faults of the network between them: real connections, which the
 test can cut (both ends see the connection closed mid-stream, as when a server restarts) or blackhole (nothing more
-is forwarded either way and nothing is closed: a connection that died silently, as behind a lost NAT entry).
-Connections opened after a fault are forwarded as usual, unless the blackhole takes new ones too (a server that
-takes connections and never answers) until `restore`."""
+is forwarded either way and nothing is closed: a connection that died silently, as behind a lost NAT entry), at once
+or once an answer is partly through. Connections opened after a fault are forwarded as usual, unless the blackhole
+takes new ones too (a server that takes connections and never answers) until `restore`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,18 @@ class _Link:
     client: socket.socket
     server: socket.socket
     forwarding: bool = True
+    to_client_budget: int | None = None  # bytes still passed on to the client before the link goes silent
     threads: list[threading.Thread] = field(default_factory=list)
+
+    def pass_on(self, data: bytes, dst: socket.socket) -> None:
+        if not self.forwarding:
+            return  # read and dropped
+        if dst is self.client and self.to_client_budget is not None:
+            data = data[: self.to_client_budget]
+            self.to_client_budget -= len(data)
+            self.forwarding = self.to_client_budget > 0
+        if data:
+            dst.sendall(data)
 
     def close(self) -> None:
         for sock in (self.client, self.server):
@@ -64,6 +75,16 @@ class TcpProxy:
         for link in links:
             link.forwarding = False
         return len(links)
+
+    def blackhole_newest_after(self, to_client: int) -> None:
+        """The connection accepted last passes `to_client` more bytes on to the client (blackholed before or not),
+        then is blackholed: a connection lost while an answer arrives, its headers and the start of its body when
+        `to_client` is past the headers. A Kubernetes client's pool hands out the connection released last first
+        (urllib3's pool is a stack): after `idle_pooled_connections`, this one."""
+        with self._lock:
+            link = self._links[-1]
+        link.to_client_budget = to_client
+        link.forwarding = to_client > 0
 
     def restore(self) -> None:
         """Forward on connections accepted from now on again (ends `blackhole(new_connections=True)`). The blackholed
@@ -112,21 +133,26 @@ class TcpProxy:
     def _pump(link: _Link, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                if link.forwarding:
-                    dst.sendall(data)
+                link.pass_on(data, dst)
             if link.forwarding:
                 dst.shutdown(socket.SHUT_WR)  # pass the end on: a half-close stays a half-close
         except OSError:
             pass
 
 
-def silenced_pooled_connections(proxy: TcpProxy, request: Callable[[], Any], count: int) -> None:
-    """`count` connections left idle in a Kubernetes client's pool (`request`: one of its calls made with
-    `_preload_content=False`, made `count` times at once), then silenced, as after a lost NAT entry: the proxy
-    forwards new connections again, the pooled ones stay silent."""
+def idle_pooled_connections(proxy: TcpProxy, request: Callable[[], Any], count: int) -> None:
+    """`count` connections left idle in a Kubernetes client's pool, each the proxy's (`request`: one of the client's
+    calls made with `_preload_content=False`, made `count` times at once), in the order the proxy accepted them: the
+    last one is on top of the pool, taken first."""
     held = [request() for _ in range(count)]
     for response in held:
         response.read()  # to its end: a connection with an unread answer is not reused
         response.release_conn()  # idle in the pool
     assert proxy.accepted == count
+
+
+def silenced_pooled_connections(proxy: TcpProxy, request: Callable[[], Any], count: int) -> None:
+    """`count` connections left idle in a Kubernetes client's pool (`idle_pooled_connections`), then silenced, as
+    after a lost NAT entry: the proxy forwards new connections again, the pooled ones stay silent."""
+    idle_pooled_connections(proxy, request, count)
     assert proxy.blackhole() == count

@@ -9,14 +9,12 @@ the API server sent, as it sees static pod files.
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -24,6 +22,7 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from deviceplane.agent.kube.errors import KubeError, ResourceExpired
 from deviceplane.kube_client_config import client_configuration
+from deviceplane.kube_pool import NETWORK_ERRORS, PoolDrop
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -36,10 +35,6 @@ REQUEST_TIMEOUT = (5.0, 15.0)
 # without a byte means the connection is dead (a lost NAT entry, a peer gone without a FIN). Independent of the
 # watch's server-side timeout, which bounds a healthy watch, not a dead one.
 WATCH_READ_TIMEOUT = 130.0
-# What reading a response's body can raise: urllib3's errors (ProtocolError "Response ended prematurely" or
-# "Connection broken", ReadTimeoutError, SSLError, DecodeError) and what it lets through of http.client's and the
-# socket's.
-READ_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)
 MERGE_PATCH = "application/merge-patch+json"
 WRITE_OPTIONS: dict[str, Any] = {
     "field_manager": FIELD_MANAGER,
@@ -112,21 +107,17 @@ class KubeApi:
         self.core: Any = k8s.CoreV1Api(client)
         self.custom: Any = k8s.CustomObjectsApi(client)
         self.host = str(client.configuration.host)
-        self._pool = client.rest_client.pool_manager
+        self._pool_drop = PoolDrop(client.rest_client.pool_manager)
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
-        """Run one request, its body read included; any failure becomes a KubeError saying what was attempted."""
+        """Run one request, its body read included; any failure becomes a KubeError saying what was attempted. A
+        failure of the network drops the connection pool (deviceplane/kube_pool.py)."""
         try:
-            return fn()
+            with self._pool_drop:
+                return fn()
         except ApiException as err:
             raise KubeError(f"{what}: {_describe(err)}", err.status or 0) from err
-        except Exception as err:  # urllib3/ssl/socket errors: the server is unreachable or the connection broke
-            # The pool's idle connections went through the same outage and may be as dead, silently (a lost NAT
-            # entry): the publishers' retries at once would each take one and wait out its read timeout. Dropped, so
-            # the next requests dial anew. (operator/kube.py drops its pool too, on urllib3's errors of the request
-            # alone; here on any failure but an API answer, the body's read included. A watch's read timeout,
-            # raised by `stream_lines`, does not pass here.)
-            self._pool.clear()
+        except Exception as err:  # urllib3/ssl/socket errors, a body that does not parse
             raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
 
     def _read(self, what: str, fn: Callable[[], Any]) -> dict[str, Any] | None:
@@ -241,14 +232,8 @@ class KubeApi:
             ),
         )
         try:
-            for line in stream_lines(what, response):
-                event = decode_event(line, what)
-                kind, obj = event["type"], event["object"]
-                if kind == "ERROR":
-                    code = int(obj.get("code") or 0)
-                    message = f"{what}: {code} {obj.get('reason')}: {obj.get('message')}"
-                    raise ResourceExpired(message, 410) if code == 410 else KubeError(message, code)
-                yield WatchEvent(str(kind), obj)
+            with self._pool_drop:  # around the stream's read too: its read timeout is raised there, not by `_call`
+                yield from watch_events(what, response)
         finally:
             # A stream left before its end is closed by urllib3 as its generator is (it never goes back reusable).
             response.release_conn()
@@ -292,6 +277,18 @@ def decode_event(line: str, what: str) -> dict[str, Any]:
     return event
 
 
+def watch_events(what: str, response: Any) -> Iterator[WatchEvent]:
+    """The events of a watch's streamed response; an ERROR event is raised (ResourceExpired for a 410)."""
+    for line in stream_lines(what, response):
+        event = decode_event(line, what)
+        kind, obj = event["type"], event["object"]
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0)
+            message = f"{what}: {code} {obj.get('reason')}: {obj.get('message')}"
+            raise ResourceExpired(message, 410) if code == 410 else KubeError(message, code)
+        yield WatchEvent(str(kind), obj)
+
+
 def stream_lines(what: str, response: Any) -> Iterator[str]:
     """The non-empty lines of a streamed response. An error reading it (the connection cut, a read timeout) is a
     KubeError, as the request's own are: it escapes from the iteration, where `_call` around the generator's
@@ -300,7 +297,7 @@ def stream_lines(what: str, response: Any) -> Iterator[str]:
     while True:
         try:
             line = next(lines, None)
-        except READ_ERRORS as err:
+        except NETWORK_ERRORS as err:
             raise KubeError(f"{what}: {type(err).__name__}: {err}") from err
         if line is None:
             return
