@@ -9,6 +9,7 @@ every test also proves that RBAC is enough. One operator per module; the apiserv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -733,6 +734,90 @@ def test_deleting_the_configmap_does_not_roll_the_plugin(operator: Operator, kwo
              procs=[operator.proc], timeout=30)  # fmt: skip
     assert template() == before and pod_uids(cluster, namespace, "cm") == pods
     delete_configs(cluster, namespace, "cm")
+
+
+@contextlib.contextmanager
+def configmaps_unlistable(cluster: Cluster) -> Iterator[None]:
+    """The operator's ClusterRole without `list` on ConfigMaps (its `watch` kept, so kopf's running ConfigMap watch,
+    which renews without a list, goes on), then the manifests' RBAC applied back, whatever happens in between."""
+    role = cluster.get_json("clusterrole", "deviceplane-operator")
+    rules = []
+    for rule in role["rules"]:
+        if "configmaps" in rule.get("resources", []) and "" in rule.get("apiGroups", []):
+            others = [r for r in rule["resources"] if r != "configmaps"]
+            rules.append({**rule, "resources": others})
+            rules.append({**rule, "resources": ["configmaps"], "verbs": [v for v in rule["verbs"] if v != "list"]})
+        else:
+            rules.append(rule)
+    role["rules"] = rules
+    can_list = ("auth", "can-i", "list", "configmaps", "-A", f"--as={OPERATOR_USER}")
+    try:
+        cluster.kubectl("replace", "-f", "-", input=json.dumps(role))
+        # The RBAC authorizer's cache follows the ClusterRole within moments: wait until it refuses.
+        wait_for("RBAC to refuse the operator's ConfigMap lists",
+                 lambda: cluster.kubectl(*can_list, check=False).strip() == "no", timeout=30)  # fmt: skip
+        yield
+    finally:
+        cluster.kubectl("apply", "-f", str(MANIFESTS / "20-operator-rbac.yaml"))
+        wait_for("RBAC to allow the operator's ConfigMap lists again",
+                 lambda: cluster.kubectl(*can_list, check=False).strip() == "yes", timeout=30)  # fmt: skip
+
+
+def test_a_refused_request_is_degraded_naming_it_and_clears_once_allowed(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """A config whose ConfigMap the operator may not list (403 from RBAC) used to end each reconcile with a log line
+    and no status, and was never tried again. Now its Degraded condition names the request and the API server's
+    answer, other configs go on, and once RBAC allows the list again the retry (with backoff: RBAC sends the
+    operator no event) creates its DaemonSet and the config becomes Ready."""
+    assert operator.proc is not None
+    cluster = operator.cluster
+    log_start = operator.proc.log.stat().st_size
+    # A bystander with its ConfigMap already read, and so known from the watch: it needs no list.
+    cluster.kubectl("create", "configmap", "by-config", "-n", namespace, "--from-literal=devices=2")
+    ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "by", configMapRef={"name": "by-config"})
+    bystander_ready = condition(cluster, namespace, "by", "Ready")
+    cluster.kubectl("create", "configmap", "rbac-config", "-n", namespace, "--from-literal=devices=2")
+    t = tag()
+    label = f"e2e-rbac-{t}"
+    (node,) = kwok_nodes(1, prefix="rbac", labels={label: "yes"}, taints=[])
+    config = dpc("rbac", namespace, f"example.com/rbac-{t}", nodeSelector={label: "yes"},
+                 configMapRef={"name": "rbac-config"})  # fmt: skip
+
+    with configmaps_unlistable(cluster):
+        applied = time.monotonic()
+        cluster.apply(config)
+        wait_for("Degraded=RequestRefused",
+                 lambda: condition(cluster, namespace, "rbac", "Degraded").get("reason") == "RequestRefused",
+                 procs=[operator.proc], timeout=30)  # fmt: skip
+        print(f"RequestRefused {time.monotonic() - applied:.2f} s after the config was applied")
+        degraded = condition(cluster, namespace, "rbac", "Degraded")
+        message = degraded["message"]
+        assert degraded["status"] == "True", degraded
+        # The request, then the API server's status code and its own message.
+        assert message.startswith(f"the API server refused listing ConfigMaps in {namespace} named rbac-config: "
+                                  '403 Forbidden: configmaps "rbac-config" is forbidden: '), message  # fmt: skip
+        assert f'User "{OPERATOR_USER}" cannot list resource "configmaps"' in message, message
+        ready, progressing = (condition(cluster, namespace, "rbac", kind) for kind in ("Ready", "Progressing"))
+        assert (ready["status"], ready["reason"]) == ("False", "DaemonSetMissing"), ready
+        assert (progressing["status"], progressing["reason"]) == ("False", "DaemonSetNotCreated"), progressing
+        status = cluster.get_json("dpc", "rbac", "-n", namespace)["status"]
+        assert status["observedGeneration"] == 1 and "daemonSet" not in status, status
+        assert cluster.kubectl("get", "daemonset", "rbac-plugin", "-n", namespace, check=False).strip() == ""
+
+        # Others go on: a config created meanwhile (no ConfigMap to list) runs; the bystander stays as it was.
+        ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "meanwhile")
+        assert condition(cluster, namespace, "by", "Ready") == bystander_ready
+        assert condition(cluster, namespace, "by", "Degraded").get("status") == "False"
+
+    allowed = time.monotonic()
+    wait_ready(cluster, operator, namespace, "rbac", {node})
+    print(f"Ready {time.monotonic() - allowed:.2f} s after RBAC allowed the list again")
+    assert condition(cluster, namespace, "rbac", "Degraded").get("status") == "False"
+    log = operator.proc.log.read_bytes()[log_start:].decode(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+    assert "refused listing ConfigMaps" in log, "the refusal is logged too"
+    delete_configs(cluster, namespace, "rbac", "by", "meanwhile")
 
 
 # ---- conflicts ---------------------------------------------------------------------------------------------
