@@ -52,9 +52,73 @@ def operator(installed: Cluster, procs: Procs, tmp_path_factory: pytest.TempPath
     op.stop()
 
 
-# The one spec the CRD takes and the API server then refuses in the DaemonSet (docs/operator.md): a request above its
-# limit. The CRD refuses every other such spec since test_operator_fuzz.py found them.
-REFUSED_IN_THE_DAEMONSET = {"limits": {"cpu": "100m"}, "requests": {"cpu": "200m"}}
+# A spec the CRD takes and whose DaemonSet the API server then refuses (422), for the tests of DaemonSetRejected. Not
+# a core/v1 rule the CRD could copy (it copies them as test_operator_fuzz.py finds them; a request above its limit,
+# used here before, is one): the ValidatingAdmissionPolicy `refusing_policy` installs refuses it, as a cluster's own
+# admission may.
+REFUSE_ENV = "E2E_REFUSE_DAEMONSET"
+REFUSED_IN_THE_DAEMONSET = {"env": [{"name": REFUSE_ENV, "value": "1"}]}
+REFUSED_BY_POLICY = f"the e2e tests' admission policy refuses DaemonSets whose pods set {REFUSE_ENV}"
+
+
+@pytest.fixture(scope="module")
+def refusing_policy(installed: Cluster) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy and its binding denying DaemonSets whose containers set REFUSE_ENV, with reason
+    Invalid (422, as the API server's own pod validation answers): a real refusal by the API server, for the
+    operator's DaemonSetRejected path. Installed once it refuses a server-side dry run, removed afterwards."""
+    name = f"e2e-refuse-daemonsets-{tag()}"
+    denies = f"object.spec.template.spec.containers.exists(c, has(c.env) && c.env.exists(e, e.name == '{REFUSE_ENV}'))"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["daemonsets"],
+                    }
+                ]
+            },
+            "validations": [{"expression": f"!({denies})", "message": REFUSED_BY_POLICY, "reason": "Invalid"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    installed.apply(policy)
+    installed.apply(binding)
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "e2e-policy-probe", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "x", **REFUSED_IN_THE_DAEMONSET}]},
+            },
+        },
+    }
+
+    def refused() -> bool:  # the API server's policy informer takes a moment to start enforcing a new policy
+        try:
+            installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(probe))
+        except KubectlError as err:
+            assert REFUSED_BY_POLICY in err.stderr, err.stderr
+            return True
+        return False
+
+    wait_for(f"the admission policy {name} to refuse DaemonSets", refused, timeout=30)
+    yield
+    installed.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name, check=False)
 
 
 def tag() -> str:
@@ -658,9 +722,9 @@ def test_on_delete_says_it_waits_for_pod_deletion(operator: Operator, kwok_nodes
 
 
 def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
-    operator: Operator, kwok_nodes, namespace: str
+    operator: Operator, kwok_nodes, namespace: str, refusing_policy: None
 ) -> None:
-    """A request above its limit passes the CRD's schema but the API server refuses the DaemonSet (422). The old
+    """A spec the CRD takes but whose DaemonSet the API server refuses (422, here from an admission policy). The old
     DaemonSet keeps running the previous spec, so the config must not be Ready for its new generation, and the
     reconcile counts as failed. The refused update is sent once."""
     cluster = operator.cluster
@@ -668,10 +732,11 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     failed = 'deviceplane_operator_reconcile_total{result="failed"}'
     failed_before = operator.metric(failed)
 
-    cluster.apply({**config, "spec": {**config["spec"], "resources": REFUSED_IN_THE_DAEMONSET}})
+    cluster.apply({**config, "spec": {**config["spec"], **REFUSED_IN_THE_DAEMONSET}})
     wait_for("Degraded=DaemonSetRejected",
              lambda: condition(cluster, namespace, "rej", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc], timeout=30)  # fmt: skip
+    assert REFUSED_BY_POLICY in condition(cluster, namespace, "rej", "Degraded")["message"]
     ready = condition(cluster, namespace, "rej", "Ready")
     assert ready["status"] == "False" and ready["reason"] == "DaemonSetOutdated", ready
     assert "refused" in ready["message"], ready
@@ -896,18 +961,18 @@ def test_a_newer_config_yields_several_nodes_to_an_older_one(operator: Operator,
 
 
 def test_an_older_config_whose_daemonset_is_refused_keeps_no_node(
-    operator: Operator, kwok_nodes, namespace: str
+    operator: Operator, kwok_nodes, namespace: str, refusing_policy: None
 ) -> None:
-    """The older config's DaemonSet is refused (a request above its limit: the CRD takes it, the API server does
-    not), so it runs nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older
-    one's spec is fixed, its DaemonSet is created and the newer one leaves the node to it."""
+    """The older config's DaemonSet is refused (the CRD takes the spec, the API server's admission does not), so it
+    runs nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older one's spec is
+    fixed, its DaemonSet is created and the newer one leaves the node to it."""
     cluster = operator.cluster
     t = tag()
     x, y = f"e2e-x-{t}", f"e2e-y-{t}"
     (shared,) = kwok_nodes(1, prefix="ix", labels={x: "1", y: "1"}, taints=[])
     (alone,) = kwok_nodes(1, prefix="iy", labels={y: "1"}, taints=[])
     resource = f"example.com/idle-{t}"
-    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, resources=REFUSED_IN_THE_DAEMONSET))
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, **REFUSED_IN_THE_DAEMONSET))
     wait_for("the older config's DaemonSet to be refused",
              lambda: condition(cluster, namespace, "older", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc], timeout=30)  # fmt: skip
