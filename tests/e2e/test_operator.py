@@ -271,6 +271,12 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
             {"resources": {"limits": {"x.io/gpu": 2}, "requests": {"x.io/gpu": 1}}},
             "the request of an extended resource (<domain>/<name>) must equal its limit",
         ),
+        (
+            # Quantities compared as quantities (Kubernetes' CEL quantity library), not as text: 0.2 > 100m.
+            {"resources": {"limits": {"cpu": "100m", "memory": "1Gi"}, "requests": {"cpu": "0.2", "memory": "1Gi"}}},
+            "spec.resources.requests: Invalid value: requests.cpu (0.2) must be less than or equal to "
+            "limits.cpu (100m)",
+        ),
         ({"priorityClassName": "Not_A_Class"}, "spec.priorityClassName in body should match"),
         ({"env": [{"name": "A=B", "value": "1"}]}, "spec.env[0].name in body should match"),
         (
@@ -353,7 +359,8 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
         "value-from-no-source",
         *("toleration-empty-key-equal", "toleration-exists-with-value", "toleration-seconds-not-noexecute"),
         *("toleration-bad-key", "quantity-not-parsed", "quantity-negative", "resource-bad-name"),
-        *("extended-resource-fraction", "extended-resource-overcommitted", "priority-class-name", "env-name"),
+        *("extended-resource-fraction", "extended-resource-overcommitted", "request-above-limit"),
+        *("priority-class-name", "env-name"),
         *("env-value-and-value-from", "node-selector-key", "node-selector-value", "run-as-user-range"),
         *("volume-own-name", "volume-backsteps", "volume-same-mount-path", "volume-same-name"),
         *("volume-on-registration-dir", "configmap-name", "configmap-on-registration-dir"),
