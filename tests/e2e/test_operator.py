@@ -809,30 +809,34 @@ def test_deleting_the_configmap_does_not_roll_the_plugin(operator: Operator, kwo
 
 
 @contextlib.contextmanager
-def configmaps_unlistable(cluster: Cluster) -> Iterator[None]:
-    """The operator's ClusterRole without `list` on ConfigMaps (its `watch` kept, so kopf's running ConfigMap watch,
-    which renews without a list, goes on), then the manifests' RBAC applied back, whatever happens in between."""
+def operator_rbac_without(cluster: Cluster, group: str, resource: str, verb: str) -> Iterator[None]:
+    """The operator's ClusterRole without one verb on one resource (e.g. `list` on ConfigMaps, its `watch` kept, so
+    kopf's running watch, which renews without a list, goes on), then the manifests' RBAC applied back, whatever
+    happens in between."""
     role = cluster.get_json("clusterrole", "deviceplane-operator")
     rules = []
     for rule in role["rules"]:
-        if "configmaps" in rule.get("resources", []) and "" in rule.get("apiGroups", []):
-            others = [r for r in rule["resources"] if r != "configmaps"]
-            rules.append({**rule, "resources": others})
-            rules.append({**rule, "resources": ["configmaps"], "verbs": [v for v in rule["verbs"] if v != "list"]})
-        else:
+        if resource not in rule.get("resources", []) or group not in rule.get("apiGroups", []):
             rules.append(rule)
+            continue
+        others = [r for r in rule["resources"] if r != resource]
+        verbs = [v for v in rule["verbs"] if v != verb]
+        rules += [{**rule, "resources": others}] if others else []  # a rule must name a resource and a verb
+        rules += [{**rule, "resources": [resource], "verbs": verbs}] if verbs else []
     role["rules"] = rules
-    can_list = ("auth", "can-i", "list", "configmaps", "-A", f"--as={OPERATOR_USER}")
+    plural, _, subresource = resource.partition("/")
+    can_i = ("auth", "can-i", verb, f"{plural}.{group}" if group else plural, "-A", f"--as={OPERATOR_USER}")
+    can_i += (f"--subresource={subresource}",) if subresource else ()
     try:
         cluster.kubectl("replace", "-f", "-", input=json.dumps(role))
         # The RBAC authorizer's cache follows the ClusterRole within moments: wait until it refuses.
-        wait_for("RBAC to refuse the operator's ConfigMap lists",
-                 lambda: cluster.kubectl(*can_list, check=False).strip() == "no", timeout=30)  # fmt: skip
+        wait_for(f"RBAC to refuse the operator's {verb} of {resource}",
+                 lambda: cluster.kubectl(*can_i, check=False).strip() == "no", timeout=30)  # fmt: skip
         yield
     finally:
         cluster.kubectl("apply", "-f", str(MANIFESTS / "20-operator-rbac.yaml"))
-        wait_for("RBAC to allow the operator's ConfigMap lists again",
-                 lambda: cluster.kubectl(*can_list, check=False).strip() == "yes", timeout=30)  # fmt: skip
+        wait_for(f"RBAC to allow the operator's {verb} of {resource} again",
+                 lambda: cluster.kubectl(*can_i, check=False).strip() == "yes", timeout=30)  # fmt: skip
 
 
 def test_a_refused_request_is_degraded_naming_it_and_clears_once_allowed(
@@ -856,7 +860,7 @@ def test_a_refused_request_is_degraded_naming_it_and_clears_once_allowed(
     config = dpc("rbac", namespace, f"example.com/rbac-{t}", nodeSelector={label: "yes"},
                  configMapRef={"name": "rbac-config"})  # fmt: skip
 
-    with configmaps_unlistable(cluster):
+    with operator_rbac_without(cluster, "", "configmaps", "list"):
         applied = time.monotonic()
         cluster.apply(config)
         wait_for("Degraded=RequestRefused",
@@ -890,6 +894,53 @@ def test_a_refused_request_is_degraded_naming_it_and_clears_once_allowed(
     assert "Traceback" not in log, log[-3000:]
     assert "refused listing ConfigMaps" in log, "the refusal is logged too"
     delete_configs(cluster, namespace, "rbac", "by", "meanwhile")
+
+
+def test_a_refused_status_write_is_logged_counted_and_retried_without_a_hot_loop(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """The status is where the operator reports failures, so a refused status write (RBAC without `patch` on
+    devicepluginconfigs/status) can only be logged and counted: the reconcile goes on (the DaemonSet is created and
+    runs), the write is tried again with the backoff, not in a loop, and once RBAC allows it the status is written."""
+    assert operator.proc is not None
+    cluster = operator.cluster
+    log_start = operator.proc.log.stat().st_size
+    api_errors = 'deviceplane_operator_reconcile_failures_total{cause="api_error"}'
+    errors_before, audited_before = operator.metric(api_errors), len(operator.writes())
+    t = tag()
+    label = f"e2e-nostatus-{t}"
+    (node,) = kwok_nodes(1, prefix="nostatus", labels={label: "yes"}, taints=[])
+
+    def refused_status_writes() -> int:
+        return sum(
+            1
+            for e in operator.writes()[audited_before:]
+            if e["objectRef"].get("subresource") == "status" and e["objectRef"].get("name") == "nostatus"
+            and e["responseStatus"]["code"] == 403
+        )  # fmt: skip
+
+    with operator_rbac_without(cluster, "deviceplane.io", "devicepluginconfigs/status", "patch"):
+        applied = time.monotonic()
+        cluster.apply(dpc("nostatus", namespace, f"example.com/nostatus-{t}", nodeSelector={label: "yes"}))
+        wait_for("the plugin to run though its status cannot be written",
+                 lambda: running_on(cluster, namespace, "nostatus") == {node}, procs=[operator.proc],
+                 timeout=ROLLOUT)  # fmt: skip
+        time.sleep(max(0.0, 20 - (time.monotonic() - applied)))  # at least 20 s of refusals to count
+        window, refused = time.monotonic() - applied, refused_status_writes()
+        print(f"{refused} refused status writes in {window:.1f} s")
+        # Backoff 0.5, 1, 2, 4, 8, 16 s, and a retry per event of its DaemonSet and pod: a few dozen at most; a hot
+        # loop would send hundreds a second.
+        assert 3 <= refused <= 40, refused
+        assert not (cluster.get_json("dpc", "nostatus", "-n", namespace).get("status") or {})
+        assert operator.metric(api_errors) - errors_before >= refused
+        log = operator.proc.log.read_bytes()[log_start:].decode(errors="replace")
+        logged = f"reconcile {namespace}/nostatus: the status could not be written: 403 Forbidden"
+        assert logged in log, log[-3000:]
+
+    wait_ready(cluster, operator, namespace, "nostatus", {node})
+    log = operator.proc.log.read_bytes()[log_start:].decode(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+    delete_configs(cluster, namespace, "nostatus")
 
 
 # ---- conflicts ---------------------------------------------------------------------------------------------
