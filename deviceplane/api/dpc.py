@@ -218,8 +218,12 @@ class UpdateStrategy(CrdModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')",
-                    "message": "maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%",
+                    # At most int32's maximum: the DaemonSet's field is an int32, and a larger number was taken here
+                    # and then refused in the DaemonSet (cannot unmarshal ... of type int32; test_operator_fuzz.py).
+                    "rule": "type(self) == int ? self >= 1 && self <= 2147483647 : "
+                    "self.matches('^([1-9][0-9]?|100)%$')",
+                    "message": "maxUnavailable must be an integer from 1 to 2147483647 or a percentage between 1% "
+                    "and 100%",
                 }
             ]
         },

@@ -243,7 +243,8 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
         ({"resourceName": "kubernetes.io/gpu"}, "must not be in the kubernetes.io domain"),
         ({"image": None}, "spec.image: Required value"),
         ({"image": " "}, "image must not be empty"),
-        ({"updateStrategy": {"maxUnavailable": 0}}, "maxUnavailable must be an integer >= 1 or a percentage"),
+        ({"updateStrategy": {"maxUnavailable": 0}}, "maxUnavailable must be an integer from 1 to 2147483647 or a"),
+        ({"updateStrategy": {"maxUnavailable": 2**31}}, "maxUnavailable must be an integer from 1 to 2147483647 or"),
         ({"target": "gpu-agent"}, 'spec.target: Unsupported value: "gpu-agent": supported values: "kubelet", "agent"'),
         # Embedded core/v1 types have their schema: a typo or a wrong type is refused here, not when the operator
         # sends the DaemonSet (the client refused it there, and the config got no status at all).
@@ -355,6 +356,7 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
     ],
     ids=[
         *("bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0"),
+        "max-unavailable-above-int32",
         *("unknown-target", "security-context-typo", "security-context-type", "value-from-typo"),
         "value-from-no-source",
         *("toleration-empty-key-equal", "toleration-exists-with-value", "toleration-seconds-not-noexecute"),
