@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
 
-from deviceplane.api.corev1 import CrdModel, EnvVarSource, Quantity, SecurityContext
+from deviceplane.api.corev1 import DNS_LABEL, DNS_SUBDOMAIN, CrdModel, EnvVarSource, Quantity, SecurityContext
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -28,17 +28,15 @@ _QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"  # at most 63
 # What the API server checks of the pod a DaemonSet's template makes (its core/v1 pod validation), written as the
 # CRD's schema, so `kubectl apply` refuses a config whose DaemonSet would be refused (before, the config was taken
 # and only its status said why: tests/e2e/test_operator_fuzz.py draws specs until both agree). CEL `matches` is RE2.
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
-_LABEL_KEY = rf"({_DNS_SUBDOMAIN}/)?{_QUALIFIED_NAME}"  # a qualified name
-DNS_LABEL_PATTERN = rf"^{_DNS_LABEL}$"
-DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"
+_LABEL_KEY = rf"({DNS_SUBDOMAIN}/)?{_QUALIFIED_NAME}"  # a qualified name
+DNS_LABEL_PATTERN = rf"^{DNS_LABEL}$"
+DNS_SUBDOMAIN_PATTERN = rf"^{DNS_SUBDOMAIN}$"
 LABEL_KEY_PATTERN = rf"^{_LABEL_KEY}$"
 LABEL_VALUE_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 ENV_NAME_PATTERN = r"^[ -<>-~]+$"  # printable ASCII but '=', as the v1.36 API server words its rule
 # A container's resource: a standard one (IsStandardContainerResourceName) or a qualified name with a domain.
 _STANDARD_RESOURCES = "cpu|memory|ephemeral-storage|hugepages-[^/]+"
-RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{_DNS_SUBDOMAIN}/{_QUALIFIED_NAME})$"
+RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{DNS_SUBDOMAIN}/{_QUALIFIED_NAME})$"
 TOLERATION_KEY_PATTERN = rf"^({_LABEL_KEY})?$"  # a qualified name, or empty
 MAX_SELECTOR_LABELS = 64  # a bound for the CEL cost estimate of the key rule
 MAX_RESOURCES = 16
@@ -55,7 +53,7 @@ RESOURCE_NAME_RULES: list[JsonValue] = [
     {
         # An extended resource name: a qualified name with a domain prefix outside kubernetes.io (as the kubelet
         # checks: IsExtendedResourceName: not native, i.e. no kubernetes.io/, and no requests. prefix).
-        "rule": f"self.matches({cel_string(f'^{_DNS_SUBDOMAIN}/{_QUALIFIED_NAME}$')})",
+        "rule": f"self.matches({cel_string(f'^{DNS_SUBDOMAIN}/{_QUALIFIED_NAME}$')})",
         "message": "resourceName must be an extended resource name: <domain>/<name> (name at most 63 characters), "
         "e.g. example.com/gpu",
     },

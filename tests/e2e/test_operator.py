@@ -255,6 +255,12 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
             'unknown field "spec.env[0].valueFrom.fieldRef.apiVersin"',
         ),
         (
+            {"env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"key": ""}}}]},
+            'spec.env[0].valueFrom.configMapKeyRef.key: Invalid value: "": spec.env[0].valueFrom.configMapKeyRef.key '
+            "in body should be at least 1 chars long",
+        ),
+        ({"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"key": "k"}}}]}, "name is required: the object in"),
+        (
             {"env": [{"name": "A", "valueFrom": {}}]},
             "valueFrom must set exactly one of configMapKeyRef, fieldRef, fileKeyRef, resourceFieldRef, secretKeyRef",
         ),
@@ -358,7 +364,7 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
         *("bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0"),
         "max-unavailable-above-int32",
         *("unknown-target", "security-context-typo", "security-context-type", "value-from-typo"),
-        "value-from-no-source",
+        *("value-from-key-empty", "value-from-no-name", "value-from-no-source"),
         *("toleration-empty-key-equal", "toleration-exists-with-value", "toleration-seconds-not-noexecute"),
         *("toleration-bad-key", "quantity-not-parsed", "quantity-negative", "resource-bad-name"),
         *("extended-resource-fraction", "extended-resource-overcommitted", "request-above-limit"),
