@@ -10,7 +10,7 @@ had said yes.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer
 
@@ -144,19 +144,43 @@ class SecurityContext(CrdModel):
     windowsOptions: WindowsSecurityContextOptions | None = Field(default=None, description="Windows options.")
 
 
+# What the API server checks of an env key selector (validateConfigMapKeySelector, validateSecretKeySelector): the
+# name a DNS subdomain, the key a ConfigMap key (IsConfigMapKey: at most 253 of [-._a-zA-Z0-9], not '.', '..' nor
+# starting with '..'). Taken in the config before, then refused in the DaemonSet (test_operator_fuzz.py). `name` stays
+# optional in the schema, as in the Kubernetes client's models (test_corev1.py compares them): a rule requires it.
+DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS_SUBDOMAIN = rf"{DNS_LABEL}(\.{DNS_LABEL})*"
+_KEY_SELECTOR_RULES: list[JsonValue] = [
+    {"rule": "has(self.name)", "message": "name is required: the object in the config's namespace to read"},
+    {"rule": "self.key != '.' && !self.key.startsWith('..')", "message": "key must not be '.' nor start with '..'"},
+]
+
+
+def _selector_name(kind: str) -> Any:
+    return Field(default=None, max_length=253, pattern=rf"^{DNS_SUBDOMAIN}$", description=f"The {kind}'s name.")
+
+
+def _selector_key() -> Any:
+    return Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="The key.")
+
+
 class ConfigMapKeySelector(CrdModel):
     """A key of a ConfigMap in the config's namespace."""
 
-    key: str = Field(description="The key.")
-    name: str | None = Field(default=None, description="The ConfigMap's name.")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _KEY_SELECTOR_RULES})
+
+    key: str = _selector_key()
+    name: str | None = _selector_name("ConfigMap")
     optional: bool | None = Field(default=None, description="Whether the ConfigMap or its key may be missing.")
 
 
 class SecretKeySelector(CrdModel):
     """A key of a Secret in the config's namespace."""
 
-    key: str = Field(description="The key.")
-    name: str | None = Field(default=None, description="The Secret's name.")
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _KEY_SELECTOR_RULES})
+
+    key: str = _selector_key()
+    name: str | None = _selector_name("Secret")
     optional: bool | None = Field(default=None, description="Whether the Secret or its key may be missing.")
 
 

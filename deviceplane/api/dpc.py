@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, JsonValue
 
-from deviceplane.api.corev1 import CrdModel, EnvVarSource, Quantity, SecurityContext
+from deviceplane.api.corev1 import DNS_LABEL, DNS_SUBDOMAIN, CrdModel, EnvVarSource, Quantity, SecurityContext
 
 GROUP = "deviceplane.io"
 VERSION = "v1alpha1"
@@ -28,17 +28,15 @@ _QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]"  # at most 63
 # What the API server checks of the pod a DaemonSet's template makes (its core/v1 pod validation), written as the
 # CRD's schema, so `kubectl apply` refuses a config whose DaemonSet would be refused (before, the config was taken
 # and only its status said why: tests/e2e/test_operator_fuzz.py draws specs until both agree). CEL `matches` is RE2.
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = rf"{_DNS_LABEL}(\.{_DNS_LABEL})*"
-_LABEL_KEY = rf"({_DNS_SUBDOMAIN}/)?{_QUALIFIED_NAME}"  # a qualified name
-DNS_LABEL_PATTERN = rf"^{_DNS_LABEL}$"
-DNS_SUBDOMAIN_PATTERN = rf"^{_DNS_SUBDOMAIN}$"
+_LABEL_KEY = rf"({DNS_SUBDOMAIN}/)?{_QUALIFIED_NAME}"  # a qualified name
+DNS_LABEL_PATTERN = rf"^{DNS_LABEL}$"
+DNS_SUBDOMAIN_PATTERN = rf"^{DNS_SUBDOMAIN}$"
 LABEL_KEY_PATTERN = rf"^{_LABEL_KEY}$"
 LABEL_VALUE_PATTERN = rf"^({_QUALIFIED_NAME})?$"
 ENV_NAME_PATTERN = r"^[ -<>-~]+$"  # printable ASCII but '=', as the v1.36 API server words its rule
 # A container's resource: a standard one (IsStandardContainerResourceName) or a qualified name with a domain.
 _STANDARD_RESOURCES = "cpu|memory|ephemeral-storage|hugepages-[^/]+"
-RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{_DNS_SUBDOMAIN}/{_QUALIFIED_NAME})$"
+RESOURCE_KEY_PATTERN = rf"^({_STANDARD_RESOURCES}|{DNS_SUBDOMAIN}/{_QUALIFIED_NAME})$"
 TOLERATION_KEY_PATTERN = rf"^({_LABEL_KEY})?$"  # a qualified name, or empty
 MAX_SELECTOR_LABELS = 64  # a bound for the CEL cost estimate of the key rule
 MAX_RESOURCES = 16
@@ -55,7 +53,7 @@ RESOURCE_NAME_RULES: list[JsonValue] = [
     {
         # An extended resource name: a qualified name with a domain prefix outside kubernetes.io (as the kubelet
         # checks: IsExtendedResourceName: not native, i.e. no kubernetes.io/, and no requests. prefix).
-        "rule": f"self.matches({cel_string(f'^{_DNS_SUBDOMAIN}/{_QUALIFIED_NAME}$')})",
+        "rule": f"self.matches({cel_string(f'^{DNS_SUBDOMAIN}/{_QUALIFIED_NAME}$')})",
         "message": "resourceName must be an extended resource name: <domain>/<name> (name at most 63 characters), "
         "e.g. example.com/gpu",
     },
@@ -121,7 +119,39 @@ def _resource_rules() -> list[JsonValue]:
             "resources cannot be overcommitted",
         }
     )
+    rules.append(_REQUEST_NOT_ABOVE_LIMIT)
     return rules
+
+
+def _above_limit(k: str) -> str:
+    """CEL: is the request of resource `k` (a name, in both maps) above its limit? isQuantity first: a value the
+    CRD's pattern refuses is reported by the pattern, not as an evaluation error."""
+    request, limit = f"string(self.requests[{k}])", f"string(self.limits[{k}])"
+    return (
+        f"{k} in self.limits && isQuantity({request}) && isQuantity({limit}) && "
+        f"quantity({request}).compareTo(quantity({limit})) > 0"
+    )
+
+
+# The message names the first of the standard resources whose request is above its limit, with both quantities, as
+# the API server's own pod validation does. Only these, from a literal list: a map key is a string of unbounded
+# length to the API server's cost estimate, and a message built by joining a list was refused as over 100 times the
+# CRD's budget (measured, v1.36). hugepages-<size> gets the plain message (an extended resource is refused as
+# unequal anyway).
+_NAMED_ABOVE = f"['cpu', 'memory', 'ephemeral-storage'].filter(r, r in self.requests && {_above_limit('r')})"
+_PLAIN = "a request must be less than or equal to its limit for the same resource"
+
+# A request above its limit for the same resource: the API server refuses the pod (and so the DaemonSet) with
+# `must be less than or equal to <r> limit of <q>`. Comparing two quantities needs Kubernetes' quantity CEL library
+# (tried with the tests' v1.36 API server). Both maps hold at most MAX_RESOURCES entries: the cost is bounded.
+_REQUEST_NOT_ABOVE_LIMIT: JsonValue = {
+    "rule": f"!has(self.requests) || !has(self.limits) || !self.requests.exists(k, {_above_limit('k')})",
+    "fieldPath": ".requests",
+    "messageExpression": f"{_NAMED_ABOVE}.size() == 0 ? '{_PLAIN}' : {_NAMED_ABOVE}.map(r, 'requests.' + r + ' (' + "
+    "string(self.requests[r]) + ') must be less than or equal to limits.' + r + ' (' + string(self.limits[r]) + "
+    "')')[0]",
+    "message": _PLAIN,
+}
 
 
 class ResourceRequirements(CrdModel):
@@ -186,8 +216,12 @@ class UpdateStrategy(CrdModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 {
-                    "rule": "type(self) == int ? self >= 1 : self.matches('^([1-9][0-9]?|100)%$')",
-                    "message": "maxUnavailable must be an integer >= 1 or a percentage between 1% and 100%",
+                    # At most int32's maximum: the DaemonSet's field is an int32, and a larger number was taken here
+                    # and then refused in the DaemonSet (cannot unmarshal ... of type int32; test_operator_fuzz.py).
+                    "rule": "type(self) == int ? self >= 1 && self <= 2147483647 : "
+                    "self.matches('^([1-9][0-9]?|100)%$')",
+                    "message": "maxUnavailable must be an integer from 1 to 2147483647 or a percentage between 1% "
+                    "and 100%",
                 }
             ]
         },

@@ -116,14 +116,15 @@ DEVICE_PLUGIN_CONFIG = CrdSpec(
             "string",
             "Why the config is (not) Ready: Available, NoNodes, RollingOut, Pending, DaemonSetMissing, "
             "DaemonSetOutdated (the DaemonSet does not run the current spec), WaitingForPodDeletion (OnDelete), "
-            "Paused.",
+            "Paused, RequestRefused (Unknown: a request was refused before the DaemonSet could be checked).",
         ),
         PrinterColumn(
             "Degraded",
             '.status.conditions[?(@.type=="Degraded")].reason',
             "string",
             "What is failing (AsExpected: nothing): PodsFailing, PodsNotCreated, DaemonSetRejected, "
-            "DaemonSetWriteFailed, DaemonSetNotOurs, ConfigMapMissing, InvalidSpec.",
+            "DaemonSetWriteFailed, DaemonSetNotOurs, ConfigMapMissing, RequestRefused (the API server refused "
+            "another request, e.g. 403), InvalidSpec.",
         ),
     ),
     labels=LABELS,

@@ -18,9 +18,20 @@ from deviceplane.kube_client_config import client_configuration
 from deviceplane.kube_pool import PoolDrop
 from deviceplane.operator.names import ConfigKey
 
-__all__ = ["ApiException", "KubeApi", "load_client"]
+__all__ = ["ApiException", "KubeApi", "load_client", "request_of"]
 
 REQUEST_TIMEOUT = 30.0  # seconds, to connect and again to read an answer
+# A failed request's exception carries what it was for as a note (PEP 678): the reconciler names the call in the
+# status it writes, and a traceback shows it too. A note, not a wrapper exception: callers keep matching on
+# ApiException and its status (404, 409).
+_WHILE = "while "
+
+
+def request_of(exc: BaseException) -> str:
+    """What the operator was doing when `exc` was raised by a KubeApi request, e.g. "listing ConfigMaps in ns named
+    x" ("a request" for an exception that did not come from one)."""
+    notes = getattr(exc, "__notes__", None) or ()
+    return next((n.removeprefix(_WHILE) for n in notes if n.startswith(_WHILE)), "a request")
 
 
 def load_client(kubeconfig: str | None) -> client.ApiClient:
@@ -49,20 +60,25 @@ class KubeApi:
         self._custom = client.CustomObjectsApi(api_client)
 
     async def create_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        ns = body["metadata"]["namespace"]
-        return await self._json(self._apps.create_namespaced_daemon_set, ns, body)
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        return await self._json(f"creating DaemonSet {ns}/{name}", self._apps.create_namespaced_daemon_set, ns, body)
 
     async def get_daemonset(self, namespace: str, name: str) -> dict[str, Any]:
         """Read one DaemonSet directly: for one the label-filtered watch does not show (its labels edited by hand)."""
-        return await self._json(self._apps.read_namespaced_daemon_set, name, namespace)
+        return await self._json(
+            f"reading DaemonSet {namespace}/{name}", self._apps.read_namespaced_daemon_set, name, namespace
+        )
 
     async def replace_daemonset(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        meta = body["metadata"]
-        return await self._json(self._apps.replace_namespaced_daemon_set, meta["name"], meta["namespace"], body)
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        return await self._json(
+            f"replacing DaemonSet {ns}/{name}", self._apps.replace_namespaced_daemon_set, name, ns, body
+        )
 
     async def find_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """One ConfigMap, None if it does not exist: a list by name (the RBAC grants list, not get, on ConfigMaps)."""
         answer = await self._json(
+            f"listing ConfigMaps in {namespace} named {name}",
             lambda ns, **kw: self._core.list_namespaced_config_map(ns, field_selector=f"metadata.name={name}", **kw),
             namespace,
         )
@@ -70,21 +86,24 @@ class KubeApi:
         return dict(items[0]) if items else None
 
     async def list_node_uids(self) -> set[str]:
-        answer = await self._json(lambda **kw: self._core.list_node(**kw))
+        answer = await self._json("listing Nodes", lambda **kw: self._core.list_node(**kw))
         return _uids(answer)
 
     async def list_pod_uids(self, label_selector: str, namespaces: tuple[str, ...] = ()) -> set[str]:
         """The uids of the pods with these labels, in `namespaces` (none: all)."""
         if not namespaces:
             answer = await self._json(
-                lambda **kw: self._core.list_pod_for_all_namespaces(label_selector=label_selector, **kw)
+                f"listing pods labelled {label_selector}",
+                lambda **kw: self._core.list_pod_for_all_namespaces(label_selector=label_selector, **kw),
             )
             return _uids(answer)
         uids: set[str] = set()
         for namespace in namespaces:
             uids |= _uids(
                 await self._json(
-                    lambda ns, **kw: self._core.list_namespaced_pod(ns, label_selector=label_selector, **kw), namespace
+                    f"listing pods in {namespace} labelled {label_selector}",
+                    lambda ns, **kw: self._core.list_namespaced_pod(ns, label_selector=label_selector, **kw),
+                    namespace,
                 )
             )
         return uids
@@ -92,13 +111,16 @@ class KubeApi:
     async def list_events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
         """core/v1 Events in a namespace matching a field selector (e.g. one object's FailedCreate events)."""
         answer = await self._json(
-            lambda ns, **kw: self._core.list_namespaced_event(ns, field_selector=field_selector, **kw), namespace
+            f"listing Events in {namespace} ({field_selector})",
+            lambda ns, **kw: self._core.list_namespaced_event(ns, field_selector=field_selector, **kw),
+            namespace,
         )
         return list(answer.get("items") or [])
 
     async def patch_status(self, key: ConfigKey, status_patch: Mapping[str, Any]) -> dict[str, Any]:
         """JSON merge patch of the status subresource (null deletes a field)."""
         return await self._json(
+            f"patching the status of DevicePluginConfig {key.namespace}/{key.name}",
             self._custom.patch_namespaced_custom_object_status,
             dpc.GROUP,
             dpc.VERSION,
@@ -108,11 +130,17 @@ class KubeApi:
             {"status": status_patch},
         )
 
-    async def _json(self, call: Any, *args: Any) -> dict[str, Any]:
+    async def _json(self, doing: str, call: Any, *args: Any) -> dict[str, Any]:
+        """Send one request (`doing`: what it is for, noted on its exception; see request_of)."""
+
         def run() -> dict[str, Any]:
             with self._pool_drop:  # the request and its body's read
                 response = call(*args, _preload_content=False, _request_timeout=self._request_timeout)
                 body = response.data
             return dict(json.loads(body or b"{}"))
 
-        return await asyncio.to_thread(run)
+        try:
+            return await asyncio.to_thread(run)
+        except Exception as exc:
+            exc.add_note(f"{_WHILE}{doing}")
+            raise

@@ -5,8 +5,10 @@ on: its DaemonSet, pods, ConfigMap, a node, another config of its resource) into
 never reconciled twice at once. Reads come from the watch caches (`ClusterView`), so a reconcile that finds nothing
 to do sends no request at all. After a write, the cache briefly lags: until the watch delivers the object we wrote,
 the reconciler does not write it again (no duplicate writes, no fighting our own echo). A failure that may pass by
-itself (5xx, 429, timeouts, connection errors) re-queues the key after a per-key exponential backoff; any other
-refusal is final until something the config depends on changes.
+itself (5xx, 429, timeouts, connection errors) re-queues the key after a per-key exponential backoff. A refusal of
+the DaemonSet write (another 4xx, e.g. 422) is final until something the config depends on changes; a refusal of any
+other request (e.g. 403 on the ConfigMap read) is reported in the status and retried with the same backoff, since
+what fixes it (RBAC, an admission policy) sends the operator no event.
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ from deviceplane.api.dpc import DevicePluginConfigSpec
 from deviceplane.core.times import rfc3339
 from deviceplane.operator import conflicts as conflict_rules
 from deviceplane.operator.drift import drifted_fields, render_hash
-from deviceplane.operator.kube import ApiException, KubeApi
+from deviceplane.operator.kube import ApiException, KubeApi, request_of
 from deviceplane.operator.metrics import OperatorMetrics
 from deviceplane.operator.names import CONFIG_HASH_ANNOTATION, ConfigKey
 from deviceplane.operator.render import Owner, render_daemonset
 from deviceplane.operator.status import (
+    REQUEST_REFUSED,
     Observed,
     PodProblem,
     compute_status,
@@ -246,21 +249,62 @@ class Reconciler:
         try:
             outcome = await self._reconcile(key)
         except Exception as exc:
-            outcome = self._failed(key, exc)
+            outcome = await self._failed(key, exc)
         self._schedule_retry(key, outcome.retry)
         self._metrics.reconciles.labels(outcome.result).inc()
         self._metrics.duration.observe(time.monotonic() - started)
         return outcome.result
 
-    def _failed(self, key: ConfigKey, exc: Exception) -> _Outcome:
-        transient = is_transient(exc)
-        if isinstance(exc, ApiException) or transient:
-            log.warning("reconcile %s: API request failed: %s", key, _describe(exc))
+    async def _failed(self, key: ConfigKey, exc: Exception) -> _Outcome:
+        """A request other than the DaemonSet write (which _send_daemonset reports itself) failed, or a bug of ours.
+        Both kinds of API failure are retried with the backoff; a refusal is also reported in the status."""
+        if is_transient(exc):
+            log.warning("reconcile %s: API request failed: %s (%s)", key, _describe(exc), request_of(exc))
             self._metrics.failures.labels("api_error").inc()
-        else:
-            log.error("reconcile %s failed", key, exc_info=exc)
-            self._metrics.failures.labels("internal").inc()
-        return _Outcome("failed", retry=transient)
+            return _Outcome("failed", retry=True)
+        if isinstance(exc, ApiException):
+            # Not final, unlike a refused DaemonSet: these requests (reads, the status write) do not depend on the
+            # spec alone, and what refuses them is mostly outside the config (RBAC, an admission policy, expired
+            # credentials) and changes without an event the operator watches. The backoff is capped (RETRY_CAP), so
+            # a refusal that lasts costs one request per config per cap.
+            message = f"the API server refused {request_of(exc)}: {_describe(exc)}: {_api_message(exc)}"
+            log.warning("reconcile %s: %s", key, message)
+            self._metrics.failures.labels("api_error").inc()
+            try:
+                await self._report_refused(key, message)
+            except Exception as bug:  # _write_status handles the API's answers: this is ours, never the worker's end
+                log.error("reconcile %s: reporting the refusal failed", key, exc_info=bug)
+                self._metrics.failures.labels("internal").inc()
+            return _Outcome("failed", retry=True)
+        log.error("reconcile %s failed", key, exc_info=exc)
+        self._metrics.failures.labels("internal").inc()
+        return _Outcome("failed")
+
+    async def _report_refused(self, key: ConfigKey, message: str) -> None:
+        """Write the status of a reconcile that stopped at a refused request, from what the caches know: Degraded
+        names the request and the API server's answer; the DaemonSet was neither written nor checked."""
+        body = self._view.config(key)
+        if body is None:
+            return
+        try:
+            spec = DevicePluginConfigSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            return  # reported as InvalidSpec, before any request
+        live = self._view.daemonset(key)
+        resolution = self._resolve().get(key, conflict_rules.Resolution(frozenset(), ()))
+        retry = f"tried again at most {self._backoff.cap:g} s apart until it is taken"
+        observed = Observed(
+            int(body["metadata"].get("generation", 0)),
+            paused=spec.paused,
+            daemonset=live,
+            pod_problems=tuple(self._view.pod_problems(key)),
+            conflicts=resolution.conflicts,
+            problem=(REQUEST_REFUSED, f"{message}; {retry}"),
+            yielded_nodes=len(resolution.excluded),
+            unchecked="whether the DaemonSet runs this generation is not known: the reconcile stopped at a refused "
+            "request (see the Degraded condition)",
+        )
+        await self._write_status(key, body, observed)
 
     def _schedule_retry(self, key: ConfigKey, retry: bool) -> None:
         """After a transient failure, reconcile the key again after its backoff; any other outcome resets it."""
@@ -297,8 +341,10 @@ class Reconciler:
         except ValidationError as exc:
             self._metrics.failures.labels("invalid_spec").inc()
             invalid = ("InvalidSpec", _validation_message(exc))
-            await self._write_status(key, body, Observed(generation, paused=True, daemonset=live, problem=invalid))
-            return _Outcome("failed")
+            written = await self._write_status(
+                key, body, Observed(generation, paused=True, daemonset=live, problem=invalid)
+            )
+            return _Outcome("failed", retry=written == "failed")
         if self._ds_echo.waiting(key) or self._status_echo.waiting(key):
             return _Outcome("unchanged")  # the cache is older than our last write; its watch event brings us back
 
@@ -325,8 +371,8 @@ class Reconciler:
             paused_on_yielded=_not_excluded(applied.live, resolution.excluded) if spec.paused else (),
         )
         status_result = await self._write_status(key, body, observed)
-        if applied.failed:
-            return _Outcome("failed", retry=applied.retry)
+        if applied.failed or status_result == "failed":
+            return _Outcome("failed", retry=applied.retry or status_result == "failed")
         return _Outcome("changed" if applied.changed or status_result == "changed" else status_result)
 
     async def _pods_not_created(
@@ -535,6 +581,9 @@ class Reconciler:
         )
 
     async def _write_status(self, key: ConfigKey, body: Mapping[str, Any], observed: Observed) -> str:
+        """Write the status computed from `observed` if it differs from the stored one: unchanged, changed or failed
+        (refused or failed: logged and counted here, since the status, where failures are reported, is what failed;
+        the caller retries with the backoff)."""
         previous = body.get("status") or {}
         status = compute_status(observed, previous, rfc3339(time.time()))
         self.statuses[key] = status
@@ -547,10 +596,15 @@ class Reconciler:
             await self._write(
                 self._status_echo, key, body["metadata"].get("resourceVersion"), self._api.patch_status(key, patch)
             )
-        except ApiException as exc:
-            if exc.status == 404:
+        except Exception as exc:
+            if isinstance(exc, ApiException) and exc.status == 404:
                 return "unchanged"  # deleted meanwhile
-            raise
+            if not (isinstance(exc, ApiException) or is_transient(exc)):
+                raise  # a bug of ours: reconcile() logs it with its traceback
+            why = _api_message(exc) if isinstance(exc, ApiException) else str(exc)
+            log.warning("reconcile %s: the status could not be written: %s: %s", key, _describe(exc), why)
+            self._metrics.failures.labels("api_error").inc()
+            return "failed"
         return "changed"
 
     async def _write(

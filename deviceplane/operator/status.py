@@ -15,6 +15,9 @@ from deviceplane.operator.conflicts import Conflict, IdleCause
 from deviceplane.operator.names import CONFIG_LABEL
 
 MAX_NAMED_PODS = 3
+# Degraded (and, with a DaemonSet whose currency could not be checked, Ready) reason: the API server refused a request
+# the reconcile needed (e.g. 403 from RBAC on the ConfigMap read) and the reconcile stopped there.
+REQUEST_REFUSED = "RequestRefused"
 # Waiting reasons that mean the pod will not get better by itself (the kubelet's own strings).
 FAILING_WAIT_REASONS = frozenset(
     {
@@ -59,6 +62,9 @@ class Observed:
     pods_not_created: str | None = None
     # Paused: nodes it yields to older configs that its DaemonSet, left as it was, does not exclude.
     paused_on_yielded: tuple[str, ...] = ()
+    # The reconcile stopped before it could render this generation (a request refused): whether the live DaemonSet
+    # runs it is not known, so Ready is Unknown rather than a guess either way. The text says why.
+    unchecked: str | None = None
 
 
 def pod_problem(pod: Mapping[str, Any]) -> PodProblem | None:
@@ -125,6 +131,8 @@ def _conditions(observed: Observed, ds_status: Mapping[str, Any]) -> list[Condit
     if observed.outdated is not None and observed.daemonset is not None and not observed.paused:
         # Its pods may all be available, but they run a spec this config no longer asks for.
         ready = ("False", "DaemonSetOutdated", observed.outdated)
+    elif observed.unchecked is not None and observed.daemonset is not None and not observed.paused:
+        ready = ("Unknown", REQUEST_REFUSED, observed.unchecked)
     triples: dict[Literal["Ready", "Progressing", "Degraded", "Conflict"], Triple] = {
         "Ready": ready,
         "Progressing": progressing,
@@ -259,8 +267,9 @@ def _count(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-# Degraded reasons that mean the config's DaemonSet was not written and will not be until something changes.
-_NOT_CREATED_REASONS = frozenset({"DaemonSetRejected", "DaemonSetNotOurs"})
+# Degraded reasons that mean the config's DaemonSet was not written and will not be until something changes (for
+# RequestRefused: until the request the reconcile stopped at is taken, e.g. once RBAC allows it).
+_NOT_CREATED_REASONS = frozenset({"DaemonSetRejected", "DaemonSetNotOurs", REQUEST_REFUSED})
 
 
 def pods_missing(ds: Mapping[str, Any] | None) -> bool:

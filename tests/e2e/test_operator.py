@@ -9,6 +9,7 @@ every test also proves that RBAC is enough. One operator per module; the apiserv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -51,9 +52,73 @@ def operator(installed: Cluster, procs: Procs, tmp_path_factory: pytest.TempPath
     op.stop()
 
 
-# The one spec the CRD takes and the API server then refuses in the DaemonSet (docs/operator.md): a request above its
-# limit. The CRD refuses every other such spec since test_operator_fuzz.py found them.
-REFUSED_IN_THE_DAEMONSET = {"limits": {"cpu": "100m"}, "requests": {"cpu": "200m"}}
+# A spec the CRD takes and whose DaemonSet the API server then refuses (422), for the tests of DaemonSetRejected. Not
+# a core/v1 rule the CRD could copy (it copies them as test_operator_fuzz.py finds them; a request above its limit,
+# used here before, is one): the ValidatingAdmissionPolicy `refusing_policy` installs refuses it, as a cluster's own
+# admission may.
+REFUSE_ENV = "E2E_REFUSE_DAEMONSET"
+REFUSED_IN_THE_DAEMONSET = {"env": [{"name": REFUSE_ENV, "value": "1"}]}
+REFUSED_BY_POLICY = f"the e2e tests' admission policy refuses DaemonSets whose pods set {REFUSE_ENV}"
+
+
+@pytest.fixture(scope="module")
+def refusing_policy(installed: Cluster) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy and its binding denying DaemonSets whose containers set REFUSE_ENV, with reason
+    Invalid (422, as the API server's own pod validation answers): a real refusal by the API server, for the
+    operator's DaemonSetRejected path. Installed once it refuses a server-side dry run, removed afterwards."""
+    name = f"e2e-refuse-daemonsets-{tag()}"
+    denies = f"object.spec.template.spec.containers.exists(c, has(c.env) && c.env.exists(e, e.name == '{REFUSE_ENV}'))"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["apps"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE", "UPDATE"],
+                        "resources": ["daemonsets"],
+                    }
+                ]
+            },
+            "validations": [{"expression": f"!({denies})", "message": REFUSED_BY_POLICY, "reason": "Invalid"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    installed.apply(policy)
+    installed.apply(binding)
+    probe = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "e2e-policy-probe", "namespace": "default"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "probe"}},
+            "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "x", **REFUSED_IN_THE_DAEMONSET}]},
+            },
+        },
+    }
+
+    def refused() -> bool:  # the API server's policy informer takes a moment to start enforcing a new policy
+        try:
+            installed.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(probe))
+        except KubectlError as err:
+            assert REFUSED_BY_POLICY in err.stderr, err.stderr
+            return True
+        return False
+
+    wait_for(f"the admission policy {name} to refuse DaemonSets", refused, timeout=30)
+    yield
+    installed.kubectl("delete", "validatingadmissionpolicybinding,validatingadmissionpolicy", name, check=False)
 
 
 def tag() -> str:
@@ -178,7 +243,8 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
         ({"resourceName": "kubernetes.io/gpu"}, "must not be in the kubernetes.io domain"),
         ({"image": None}, "spec.image: Required value"),
         ({"image": " "}, "image must not be empty"),
-        ({"updateStrategy": {"maxUnavailable": 0}}, "maxUnavailable must be an integer >= 1 or a percentage"),
+        ({"updateStrategy": {"maxUnavailable": 0}}, "maxUnavailable must be an integer from 1 to 2147483647 or a"),
+        ({"updateStrategy": {"maxUnavailable": 2**31}}, "maxUnavailable must be an integer from 1 to 2147483647 or"),
         ({"target": "gpu-agent"}, 'spec.target: Unsupported value: "gpu-agent": supported values: "kubelet", "agent"'),
         # Embedded core/v1 types have their schema: a typo or a wrong type is refused here, not when the operator
         # sends the DaemonSet (the client refused it there, and the config got no status at all).
@@ -188,6 +254,12 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
             {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName", "apiVersin": "v1"}}}]},
             'unknown field "spec.env[0].valueFrom.fieldRef.apiVersin"',
         ),
+        (
+            {"env": [{"name": "A", "valueFrom": {"configMapKeyRef": {"key": ""}}}]},
+            'spec.env[0].valueFrom.configMapKeyRef.key: Invalid value: "": spec.env[0].valueFrom.configMapKeyRef.key '
+            "in body should be at least 1 chars long",
+        ),
+        ({"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"key": "k"}}}]}, "name is required: the object in"),
         (
             {"env": [{"name": "A", "valueFrom": {}}]},
             "valueFrom must set exactly one of configMapKeyRef, fieldRef, fileKeyRef, resourceFieldRef, secretKeyRef",
@@ -205,6 +277,12 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
         (
             {"resources": {"limits": {"x.io/gpu": 2}, "requests": {"x.io/gpu": 1}}},
             "the request of an extended resource (<domain>/<name>) must equal its limit",
+        ),
+        (
+            # Quantities compared as quantities (Kubernetes' CEL quantity library), not as text: 0.2 > 100m.
+            {"resources": {"limits": {"cpu": "100m", "memory": "1Gi"}, "requests": {"cpu": "0.2", "memory": "1Gi"}}},
+            "spec.resources.requests: Invalid value: requests.cpu (0.2) must be less than or equal to "
+            "limits.cpu (100m)",
         ),
         ({"priorityClassName": "Not_A_Class"}, "spec.priorityClassName in body should match"),
         ({"env": [{"name": "A=B", "value": "1"}]}, "spec.env[0].name in body should match"),
@@ -284,11 +362,13 @@ def test_files_example_runs_on_exactly_the_matching_nodes(operator: Operator, kw
     ],
     ids=[
         *("bad-resource-name", "native-resource", "missing-image", "blank-image", "max-unavailable-0"),
+        "max-unavailable-above-int32",
         *("unknown-target", "security-context-typo", "security-context-type", "value-from-typo"),
-        "value-from-no-source",
+        *("value-from-key-empty", "value-from-no-name", "value-from-no-source"),
         *("toleration-empty-key-equal", "toleration-exists-with-value", "toleration-seconds-not-noexecute"),
         *("toleration-bad-key", "quantity-not-parsed", "quantity-negative", "resource-bad-name"),
-        *("extended-resource-fraction", "extended-resource-overcommitted", "priority-class-name", "env-name"),
+        *("extended-resource-fraction", "extended-resource-overcommitted", "request-above-limit"),
+        *("priority-class-name", "env-name"),
         *("env-value-and-value-from", "node-selector-key", "node-selector-value", "run-as-user-range"),
         *("volume-own-name", "volume-backsteps", "volume-same-mount-path", "volume-same-name"),
         *("volume-on-registration-dir", "configmap-name", "configmap-on-registration-dir"),
@@ -657,9 +737,9 @@ def test_on_delete_says_it_waits_for_pod_deletion(operator: Operator, kwok_nodes
 
 
 def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
-    operator: Operator, kwok_nodes, namespace: str
+    operator: Operator, kwok_nodes, namespace: str, refusing_policy: None
 ) -> None:
-    """A request above its limit passes the CRD's schema but the API server refuses the DaemonSet (422). The old
+    """A spec the CRD takes but whose DaemonSet the API server refuses (422, here from an admission policy). The old
     DaemonSet keeps running the previous spec, so the config must not be Ready for its new generation, and the
     reconcile counts as failed. The refused update is sent once."""
     cluster = operator.cluster
@@ -667,10 +747,11 @@ def test_a_refused_daemonset_spec_is_not_ready_and_counts_as_failed(
     failed = 'deviceplane_operator_reconcile_total{result="failed"}'
     failed_before = operator.metric(failed)
 
-    cluster.apply({**config, "spec": {**config["spec"], "resources": REFUSED_IN_THE_DAEMONSET}})
+    cluster.apply({**config, "spec": {**config["spec"], **REFUSED_IN_THE_DAEMONSET}})
     wait_for("Degraded=DaemonSetRejected",
              lambda: condition(cluster, namespace, "rej", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc], timeout=30)  # fmt: skip
+    assert REFUSED_BY_POLICY in condition(cluster, namespace, "rej", "Degraded")["message"]
     ready = condition(cluster, namespace, "rej", "Ready")
     assert ready["status"] == "False" and ready["reason"] == "DaemonSetOutdated", ready
     assert "refused" in ready["message"], ready
@@ -733,6 +814,141 @@ def test_deleting_the_configmap_does_not_roll_the_plugin(operator: Operator, kwo
              procs=[operator.proc], timeout=30)  # fmt: skip
     assert template() == before and pod_uids(cluster, namespace, "cm") == pods
     delete_configs(cluster, namespace, "cm")
+
+
+@contextlib.contextmanager
+def operator_rbac_without(cluster: Cluster, group: str, resource: str, verb: str) -> Iterator[None]:
+    """The operator's ClusterRole without one verb on one resource (e.g. `list` on ConfigMaps, its `watch` kept, so
+    kopf's running watch, which renews without a list, goes on), then the manifests' RBAC applied back, whatever
+    happens in between."""
+    role = cluster.get_json("clusterrole", "deviceplane-operator")
+    rules = []
+    for rule in role["rules"]:
+        if resource not in rule.get("resources", []) or group not in rule.get("apiGroups", []):
+            rules.append(rule)
+            continue
+        others = [r for r in rule["resources"] if r != resource]
+        verbs = [v for v in rule["verbs"] if v != verb]
+        rules += [{**rule, "resources": others}] if others else []  # a rule must name a resource and a verb
+        rules += [{**rule, "resources": [resource], "verbs": verbs}] if verbs else []
+    role["rules"] = rules
+    plural, _, subresource = resource.partition("/")
+    can_i = ("auth", "can-i", verb, f"{plural}.{group}" if group else plural, "-A", f"--as={OPERATOR_USER}")
+    can_i += (f"--subresource={subresource}",) if subresource else ()
+    try:
+        cluster.kubectl("replace", "-f", "-", input=json.dumps(role))
+        # The RBAC authorizer's cache follows the ClusterRole within moments: wait until it refuses.
+        wait_for(f"RBAC to refuse the operator's {verb} of {resource}",
+                 lambda: cluster.kubectl(*can_i, check=False).strip() == "no", timeout=30)  # fmt: skip
+        yield
+    finally:
+        cluster.kubectl("apply", "-f", str(MANIFESTS / "20-operator-rbac.yaml"))
+        wait_for(f"RBAC to allow the operator's {verb} of {resource} again",
+                 lambda: cluster.kubectl(*can_i, check=False).strip() == "yes", timeout=30)  # fmt: skip
+
+
+def test_a_refused_request_is_degraded_naming_it_and_clears_once_allowed(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """A config whose ConfigMap the operator may not list (403 from RBAC) used to end each reconcile with a log line
+    and no status, and was never tried again. Now its Degraded condition names the request and the API server's
+    answer, other configs go on, and once RBAC allows the list again the retry (with backoff: RBAC sends the
+    operator no event) creates its DaemonSet and the config becomes Ready."""
+    assert operator.proc is not None
+    cluster = operator.cluster
+    log_start = operator.proc.log.stat().st_size
+    # A bystander with its ConfigMap already read, and so known from the watch: it needs no list.
+    cluster.kubectl("create", "configmap", "by-config", "-n", namespace, "--from-literal=devices=2")
+    ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "by", configMapRef={"name": "by-config"})
+    bystander_ready = condition(cluster, namespace, "by", "Ready")
+    cluster.kubectl("create", "configmap", "rbac-config", "-n", namespace, "--from-literal=devices=2")
+    t = tag()
+    label = f"e2e-rbac-{t}"
+    (node,) = kwok_nodes(1, prefix="rbac", labels={label: "yes"}, taints=[])
+    config = dpc("rbac", namespace, f"example.com/rbac-{t}", nodeSelector={label: "yes"},
+                 configMapRef={"name": "rbac-config"})  # fmt: skip
+
+    with operator_rbac_without(cluster, "", "configmaps", "list"):
+        applied = time.monotonic()
+        cluster.apply(config)
+        wait_for("Degraded=RequestRefused",
+                 lambda: condition(cluster, namespace, "rbac", "Degraded").get("reason") == "RequestRefused",
+                 procs=[operator.proc], timeout=30)  # fmt: skip
+        print(f"RequestRefused {time.monotonic() - applied:.2f} s after the config was applied")
+        degraded = condition(cluster, namespace, "rbac", "Degraded")
+        message = degraded["message"]
+        assert degraded["status"] == "True", degraded
+        # The request, then the API server's status code and its own message.
+        assert message.startswith(f"the API server refused listing ConfigMaps in {namespace} named rbac-config: "
+                                  '403 Forbidden: configmaps "rbac-config" is forbidden: '), message  # fmt: skip
+        assert f'User "{OPERATOR_USER}" cannot list resource "configmaps"' in message, message
+        ready, progressing = (condition(cluster, namespace, "rbac", kind) for kind in ("Ready", "Progressing"))
+        assert (ready["status"], ready["reason"]) == ("False", "DaemonSetMissing"), ready
+        assert (progressing["status"], progressing["reason"]) == ("False", "DaemonSetNotCreated"), progressing
+        status = cluster.get_json("dpc", "rbac", "-n", namespace)["status"]
+        assert status["observedGeneration"] == 1 and "daemonSet" not in status, status
+        assert cluster.kubectl("get", "daemonset", "rbac-plugin", "-n", namespace, check=False).strip() == ""
+
+        # Others go on: a config created meanwhile (no ConfigMap to list) runs; the bystander stays as it was.
+        ready_on_a_node_of_its_own(operator, kwok_nodes, namespace, "meanwhile")
+        assert condition(cluster, namespace, "by", "Ready") == bystander_ready
+        assert condition(cluster, namespace, "by", "Degraded").get("status") == "False"
+
+    allowed = time.monotonic()
+    wait_ready(cluster, operator, namespace, "rbac", {node})
+    print(f"Ready {time.monotonic() - allowed:.2f} s after RBAC allowed the list again")
+    assert condition(cluster, namespace, "rbac", "Degraded").get("status") == "False"
+    log = operator.proc.log.read_bytes()[log_start:].decode(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+    assert "refused listing ConfigMaps" in log, "the refusal is logged too"
+    delete_configs(cluster, namespace, "rbac", "by", "meanwhile")
+
+
+def test_a_refused_status_write_is_logged_counted_and_retried_without_a_hot_loop(
+    operator: Operator, kwok_nodes, namespace: str
+) -> None:
+    """The status is where the operator reports failures, so a refused status write (RBAC without `patch` on
+    devicepluginconfigs/status) can only be logged and counted: the reconcile goes on (the DaemonSet is created and
+    runs), the write is tried again with the backoff, not in a loop, and once RBAC allows it the status is written."""
+    assert operator.proc is not None
+    cluster = operator.cluster
+    log_start = operator.proc.log.stat().st_size
+    api_errors = 'deviceplane_operator_reconcile_failures_total{cause="api_error"}'
+    errors_before, audited_before = operator.metric(api_errors), len(operator.writes())
+    t = tag()
+    label = f"e2e-nostatus-{t}"
+    (node,) = kwok_nodes(1, prefix="nostatus", labels={label: "yes"}, taints=[])
+
+    def refused_status_writes() -> int:
+        return sum(
+            1
+            for e in operator.writes()[audited_before:]
+            if e["objectRef"].get("subresource") == "status" and e["objectRef"].get("name") == "nostatus"
+            and e["responseStatus"]["code"] == 403
+        )  # fmt: skip
+
+    with operator_rbac_without(cluster, "deviceplane.io", "devicepluginconfigs/status", "patch"):
+        applied = time.monotonic()
+        cluster.apply(dpc("nostatus", namespace, f"example.com/nostatus-{t}", nodeSelector={label: "yes"}))
+        wait_for("the plugin to run though its status cannot be written",
+                 lambda: running_on(cluster, namespace, "nostatus") == {node}, procs=[operator.proc],
+                 timeout=ROLLOUT)  # fmt: skip
+        time.sleep(max(0.0, 20 - (time.monotonic() - applied)))  # at least 20 s of refusals to count
+        window, refused = time.monotonic() - applied, refused_status_writes()
+        print(f"{refused} refused status writes in {window:.1f} s")
+        # Backoff 0.5, 1, 2, 4, 8, 16 s, and a retry per event of its DaemonSet and pod: a few dozen at most; a hot
+        # loop would send hundreds a second.
+        assert 3 <= refused <= 40, refused
+        assert not (cluster.get_json("dpc", "nostatus", "-n", namespace).get("status") or {})
+        assert operator.metric(api_errors) - errors_before >= refused
+        log = operator.proc.log.read_bytes()[log_start:].decode(errors="replace")
+        logged = f"reconcile {namespace}/nostatus: the status could not be written: 403 Forbidden"
+        assert logged in log, log[-3000:]
+
+    wait_ready(cluster, operator, namespace, "nostatus", {node})
+    log = operator.proc.log.read_bytes()[log_start:].decode(errors="replace")
+    assert "Traceback" not in log, log[-3000:]
+    delete_configs(cluster, namespace, "nostatus")
 
 
 # ---- conflicts ---------------------------------------------------------------------------------------------
@@ -811,18 +1027,18 @@ def test_a_newer_config_yields_several_nodes_to_an_older_one(operator: Operator,
 
 
 def test_an_older_config_whose_daemonset_is_refused_keeps_no_node(
-    operator: Operator, kwok_nodes, namespace: str
+    operator: Operator, kwok_nodes, namespace: str, refusing_policy: None
 ) -> None:
-    """The older config's DaemonSet is refused (a request above its limit: the CRD takes it, the API server does
-    not), so it runs nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older
-    one's spec is fixed, its DaemonSet is created and the newer one leaves the node to it."""
+    """The older config's DaemonSet is refused (the CRD takes the spec, the API server's admission does not), so it
+    runs nowhere: the newer config serves the shared node meanwhile, and both say why. Once the older one's spec is
+    fixed, its DaemonSet is created and the newer one leaves the node to it."""
     cluster = operator.cluster
     t = tag()
     x, y = f"e2e-x-{t}", f"e2e-y-{t}"
     (shared,) = kwok_nodes(1, prefix="ix", labels={x: "1", y: "1"}, taints=[])
     (alone,) = kwok_nodes(1, prefix="iy", labels={y: "1"}, taints=[])
     resource = f"example.com/idle-{t}"
-    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, resources=REFUSED_IN_THE_DAEMONSET))
+    cluster.apply(dpc("older", namespace, resource, nodeSelector={x: "1"}, **REFUSED_IN_THE_DAEMONSET))
     wait_for("the older config's DaemonSet to be refused",
              lambda: condition(cluster, namespace, "older", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc], timeout=30)  # fmt: skip

@@ -25,12 +25,13 @@ from .test_operator import (
     operator,
     pods_by_node,
     ready_on_a_node_of_its_own,
+    refusing_policy,
     running_on,
     tag,
     wait_ready,
 )
 
-__all__ = ["installed", "operator"]  # fixtures, re-used
+__all__ = ["installed", "operator", "refusing_policy"]  # fixtures, re-used
 
 
 def row(cluster: Cluster, namespace: str, name: str) -> dict[str, str]:
@@ -131,7 +132,7 @@ def test_an_image_that_cannot_be_pulled_is_reported(operator: Operator, kwok_nod
 
 
 def test_kubectl_get_shows_a_config_whose_change_was_refused_as_not_ready(
-    operator: Operator, kwok_nodes, namespace: str
+    operator: Operator, kwok_nodes, namespace: str, refusing_policy: None
 ) -> None:
     """A change the API server refuses leaves the old DaemonSet running the old spec: its counts all look healthy
     (DESIRED = READY = UP-TO-DATE), so the table must show, in a column of its own, that the config is not Ready."""
@@ -140,7 +141,7 @@ def test_kubectl_get_shows_a_config_whose_change_was_refused_as_not_ready(
     healthy_table = cluster.kubectl("get", "dpc", "tbl", "-n", namespace)
     healthy = row(cluster, namespace, "tbl")
 
-    cluster.apply({**config, "spec": {**config["spec"], "resources": REFUSED_IN_THE_DAEMONSET}})
+    cluster.apply({**config, "spec": {**config["spec"], **REFUSED_IN_THE_DAEMONSET}})
     wait_for("Degraded=DaemonSetRejected",
              lambda: condition(cluster, namespace, "tbl", "Degraded").get("reason") == "DaemonSetRejected",
              procs=[operator.proc] if operator.proc else [], timeout=30)  # fmt: skip
@@ -151,7 +152,7 @@ def test_kubectl_get_shows_a_config_whose_change_was_refused_as_not_ready(
     assert healthy.get("STATUS") == "Available" and healthy.get("DEGRADED") == "AsExpected", healthy
     assert refused.get("STATUS") == "DaemonSetOutdated" and refused.get("DEGRADED") == "DaemonSetRejected", refused
 
-    cluster.apply(config)  # the refused volume removed: back to Available
+    cluster.apply(config)  # the refused variable removed: back to Available
     wait_for("STATUS Available", lambda: row(cluster, namespace, "tbl").get("STATUS") == "Available",
              procs=[operator.proc] if operator.proc else [], timeout=ROLLOUT)  # fmt: skip
     delete_configs(cluster, namespace, "tbl")

@@ -129,6 +129,10 @@ def test_device_plugin_config_crd_constraints() -> None:
     value_from = props["env"]["items"]["properties"]["valueFrom"]
     assert "x-kubernetes-preserve-unknown-fields" not in value_from and "fieldRef" in value_from["properties"]
     assert value_from["properties"]["fieldRef"]["required"] == ["fieldPath"]
+    # A request above its limit is refused by comparing quantities (Kubernetes' CEL quantity library), reported on
+    # spec.resources.requests.
+    (above,) = [r for r in props["resources"]["x-kubernetes-validations"] if "compareTo" in r["rule"]]
+    assert "quantity(string(self.requests[k]))" in above["rule"] and above["fieldPath"] == ".requests"
 
 
 def test_device_status_json_is_unchanged_but_for_the_totals() -> None:

@@ -78,6 +78,7 @@ class FakeView:
     def __init__(self, body: dict[str, Any], ds: dict[str, Any] | None = None, cm_hash: str | None = None) -> None:
         self.body, self.ds, self.cm_hash = body, ds, cm_hash
         self.others: list[dict[str, Any]] = []
+        self.cm_errors: list[Exception] = []  # raised, in order, by the next ConfigMap reads
 
     def config(self, key: ConfigKey) -> dict[str, Any] | None:
         return self.body
@@ -95,6 +96,8 @@ class FakeView:
         return []
 
     async def configmap_hash(self, namespace: str, name: str) -> str | None:
+        if self.cm_errors:
+            raise self.cm_errors.pop(0)
         return self.cm_hash
 
 
@@ -113,6 +116,7 @@ class FakeApi:
         self.watch: Reconciler | None = None
         self.events: list[dict[str, Any]] = []  # what listing Events returns
         self.event_selectors: list[str] = []
+        self.status_errors: list[Exception] = []  # raised, in order, by the next status writes
 
     async def create_daemonset(self, body: dict[str, Any]) -> dict[str, Any]:
         self.creates.append(body)
@@ -136,6 +140,8 @@ class FakeApi:
 
     async def patch_status(self, key: ConfigKey, patch: dict[str, Any]) -> dict[str, Any]:
         self.statuses.append(patch)
+        if self.status_errors:
+            raise self.status_errors.pop(0)
         version = str(11 + len(self.statuses))
         body = self.view.body
         status = {k: v for k, v in {**body["status"], **patch}.items() if v is not None}
@@ -488,6 +494,78 @@ def test_a_missing_configmap_before_the_daemonset_exists_still_creates_it() -> N
     once(reconciler)
     (created,) = api.creates
     assert created["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION] == "missing"
+
+
+# ---- a refused request other than the DaemonSet write -----------------------------------------------------------
+
+
+def rbac_refusal(doing: str) -> ApiException:
+    """A 403 as KubeApi raises it: the API server's answer, with what the request was for as a note."""
+    exc = api_error(403, f'configmaps is forbidden: User "op" cannot list resource "configmaps" in "{KEY.namespace}"')
+    exc.reason = "Forbidden"
+    exc.add_note(f"while {doing}")
+    return exc
+
+
+def test_a_refused_read_is_reported_and_retried_until_it_is_taken() -> None:
+    """A 403 on the ConfigMap read (RBAC) wrote no status and was never retried: the user saw only a log line. Now
+    Degraded says RequestRefused naming the request and the API server's answer, the config is retried with the
+    backoff (nothing the operator watches changes when RBAC is fixed), and once the read is taken the DaemonSet is
+    created and Degraded clears."""
+    ref = {"name": "cola-config"}
+    view = FakeView(config_body(configMapRef=ref), cm_hash="abc123")
+    view.cm_errors = [rbac_refusal(f"listing ConfigMaps in {KEY.namespace} named cola-config")] * 3
+    reconciler, api, metrics = started(view)
+    run_workers(reconciler, lambda: view.ds is not None and conditions(api)["Degraded"]["status"] == "False")
+
+    refused = {c["type"]: c for c in api.statuses[0]["conditions"]}  # the first status written
+    degraded = refused["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RequestRefused"), degraded
+    assert degraded["message"].startswith(
+        f"the API server refused listing ConfigMaps in {KEY.namespace} named cola-config: 403 Forbidden: "
+        'configmaps is forbidden: User "op" cannot list'
+    ), degraded
+    assert (refused["Ready"]["status"], refused["Ready"]["reason"]) == ("False", "DaemonSetMissing")
+    assert (refused["Progressing"]["status"], refused["Progressing"]["reason"]) == ("False", "DaemonSetNotCreated")
+    assert len(api.statuses) >= 2, "the refusal was written once, not at each retry: then the cleared status"
+
+    assert view.cm_errors == [] and len(api.creates) == 1, "three refused reads, then the DaemonSet created once"
+    assert conditions(api)["Degraded"]["reason"] == "AsExpected"
+    assert conditions(api)["Ready"]["reason"] != "RequestRefused"
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="api_error") == 3
+    assert reconciler._backoff.failures == {}, "the backoff must be reset by the success"
+
+
+def test_a_refused_read_with_a_live_daemonset_leaves_ready_unknown() -> None:
+    """The DaemonSet exists but this generation could not be rendered: whether it runs it is not known, so Ready
+    is neither an Available nor an Outdated it cannot know."""
+    ref = {"name": "cola-config"}
+    view = FakeView(config_body(generation=2, configMapRef=ref), ds=live_daemonset(), cm_hash="abc123")
+    view.cm_errors = [rbac_refusal("listing ConfigMaps")]
+    reconciler, api, _ = started(view)
+    api.watch = None
+    assert once(reconciler) == "failed"
+    ready = conditions(api)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("Unknown", "RequestRefused"), ready
+    assert api.replaces == []
+
+
+def test_a_refused_status_write_is_logged_counted_and_retried_with_backoff(caplog: pytest.LogCaptureFixture) -> None:
+    """The status, where failures are reported, is what is refused: logged and counted, never raised to the
+    worker, and retried with the growing backoff (not at once, not in a hot loop)."""
+    view = FakeView(config_body())
+    reconciler, api, metrics = started(view)
+    api.status_errors = [rbac_refusal("patching the status")] * 1000
+    with caplog.at_level(logging.WARNING, logger="deviceplane.operator"):
+        run_workers(reconciler, lambda: False, timeout=60 * FAST_RETRY)
+    attempts = len(api.statuses)
+    # Backoff 0.01, 0.02, 0.04, 0.08 ... s: 0.6 s hold about 6 attempts (a hot loop would make thousands).
+    assert 3 <= attempts <= 8, attempts
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="api_error") == attempts
+    assert sample(metrics, "deviceplane_operator_reconcile_failures_total", cause="internal") == 0
+    written = [r.getMessage() for r in caplog.records if "the status could not be written" in r.getMessage()]
+    assert len(written) == attempts and "403" in written[0] and "forbidden" in written[0], written
+    assert not [r for r in caplog.records if r.exc_info], "a refused status write is not a traceback"
 
 
 # ---- quantities the API server canonicalises ------------------------------------------------------------------------
