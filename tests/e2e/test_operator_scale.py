@@ -4,18 +4,25 @@ nothing (it reconciled with every node and pod listed, not a part).
 
 With nodes and plugin pods in kopf indexes, kopf kept a readiness toggle per node and pod at startup and woke every
 waiting object at each change: 11.5 s of CPU before the first reconciliation here (3.2 s now; benchmarks/
-operator_startup.py has 3000). The operator runs as a process with the manifests' ServiceAccount RBAC."""
+operator_startup.py has 3000). The operator runs as a process with the manifests' ServiceAccount RBAC.
+
+The CPU is judged against this machine's own speed: at most IMPORT_MULTIPLE times what importing the operator costs
+in a fresh interpreter, measured in the same test. A fixed 5 s held on the VM it was set on and failed on a slower one
+(5.8 s, and 5.95 s for the code before the last change), where the 11.5 s above would be ~2x too."""
 
 from __future__ import annotations
 
 import os
+import resource
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.procs import cpu_seconds, rss_mib
+from tests.support.procs import child_env, cpu_seconds, rss_mib
 
 from .cluster import Cluster, serve_cluster
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
@@ -25,7 +32,21 @@ from .test_operator import installed
 __all__ = ["installed"]  # a fixture, re-used on this module's cluster
 
 NODES = 1000
-CPU_BUDGET = 5.0  # seconds of the operator's CPU, Python's start included (~1 s), until its first reconciliation
+# The operator's CPU until its first reconciliation, Python's start included, as a multiple of its import's: 5-7x
+# on the VM where the fixed budget failed (5.8 s against 0.8-1.1 s); the regression the docstring names cost 3.6
+# times what the start costs now.
+IMPORT_MULTIPLE = 10
+
+
+def import_cpu_seconds() -> float:
+    """CPU seconds of a fresh interpreter importing the operator (the fastest of three): this machine's yardstick."""
+    spent = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run([sys.executable, "-c", "import deviceplane.operator.app"], env=child_env(), check=True)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        spent.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return min(spent)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +125,12 @@ def test_the_operator_starts_among_many_nodes_and_plugin_pods_cheaply_and_writes
         spent = cpu_seconds(op.proc.pid)
         print(f"operator CPU until its first reconciliation beside {NODES} nodes and plugin pods: {spent:.2f} s; "
               f"RSS {rss_mib(op.proc.pid):.0f} MiB")  # fmt: skip
-        assert spent < CPU_BUDGET, f"{spent:.1f} s of CPU to start beside {NODES} nodes and plugin pods"
+        yardstick = import_cpu_seconds()
+        print(f"importing the operator: {yardstick:.2f} s of CPU ({spent / yardstick:.1f}x)")
+        assert spent < IMPORT_MULTIPLE * yardstick, (
+            f"{spent:.1f} s of CPU to start beside {NODES} nodes and plugin pods: over {IMPORT_MULTIPLE} times the "
+            f"{yardstick:.2f} s its import takes here"
+        )
         time.sleep(5)  # the rest of its startup reconciliations
         ours = [w for w in op.writes()[writes_before:] if (w.get("objectRef") or {}).get("namespace") == namespace]
         assert ours == [], f"the restarted operator wrote: {[w.get('requestURI') for w in ours]}"
