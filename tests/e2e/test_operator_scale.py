@@ -7,8 +7,9 @@ waiting object at each change: 11.5 s of CPU before the first reconciliation her
 operator_startup.py has 3000). The operator runs as a process with the manifests' ServiceAccount RBAC.
 
 The CPU is judged against this machine's own speed: at most IMPORT_MULTIPLE times what importing the operator costs
-in a fresh interpreter, measured in the same test. A fixed 5 s held on the VM it was set on and failed on a slower one
-(5.8 s, and 5.95 s for the code before the last change), where the 11.5 s above would be ~2x too."""
+in a fresh interpreter, measured in the same test. A fixed 5 s held on the VM it was set on and failed CI on a slower
+one (6.5 s; 5.95 s there for the code before that session's changes, beside another suite), where the 11.5 s above
+would be about twice as long too."""
 
 from __future__ import annotations
 
@@ -32,10 +33,10 @@ from .test_operator import installed
 __all__ = ["installed"]  # a fixture, re-used on this module's cluster
 
 NODES = 1000
-# The operator's CPU until its first reconciliation, Python's start included, as a multiple of its import's: 5-7x
-# on the VM where the fixed budget failed (5.8 s against 0.8-1.1 s); the regression the docstring names cost 3.6
-# times what the start costs now.
-IMPORT_MULTIPLE = 10
+# The operator's CPU until its first reconciliation, Python's start included, as a multiple of its import's: 5.7x
+# measured on the VM where the fixed budget failed (5.1 s against 0.89 s, another suite running; 6.5 s in CI there);
+# the regression the docstring names cost 3.6 times what the start costs now, so it would be 20x or more.
+IMPORT_MULTIPLE = 15
 
 
 def import_cpu_seconds() -> float:
