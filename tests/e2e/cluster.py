@@ -379,3 +379,31 @@ def _kwok_node(name: str, labels: Mapping[str, str] | None) -> dict[str, Any]:
         },
         "status": {"capacity": cap, "allocatable": cap},
     }
+
+
+def denying_policy(
+    name: str, rule: Mapping[str, Any], denies: str, message: str, reason: str, match: Mapping[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy refusing the requests of `rule` (a resourceRule) for which the CEL `denies` holds,
+    with `message` and `reason`, and its Deny binding (limited by `match`, its matchResources): a real refusal by the
+    API server, for the paths that handle one. Apply both; delete both by `name`."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [dict(rule)]},
+            "validations": [{"expression": f"!({denies})", "message": message, "reason": reason}],
+        },
+    }
+    binding_spec: dict[str, Any] = {"policyName": name, "validationActions": ["Deny"]}
+    if match is not None:
+        binding_spec["matchResources"] = dict(match)
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": binding_spec,
+    }
+    return [policy, binding]

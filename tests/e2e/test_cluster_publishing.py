@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.required import unavailable
 
 from .agent_cluster import api, bound_token, daemonset_pod, node_devices, token_kubeconfig
-from .cluster import Cluster
+from .cluster import Cluster, denying_policy
 from .procs import wait_for
 
 GPU = "example.com/gpu"
@@ -176,32 +176,9 @@ def test_an_outage_after_publishing_keeps_readyz_and_counts_the_failures(
 def no_events_in(namespace: str) -> list[dict[str, Any]]:
     """A ValidatingAdmissionPolicy (and its binding) refusing every Event created in `namespace` (quotas ignore
     Events, so a policy it is)."""
-    name = f"no-events-{namespace}"
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["events"]}
-                ]
-            },
-            "validations": [{"expression": "false", "reason": "Forbidden", "message": f"no events in {namespace}"}],
-        },
-    }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
-        },
-    }
-    return [policy, binding]
+    rule = {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["events"]}
+    match = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}}
+    return denying_policy(f"no-events-{namespace}", rule, "true", f"no events in {namespace}", "Forbidden", match)
 
 
 def test_refused_warning_events_are_counted(agent_installed: Cluster, node_agent, namespace: str) -> None:

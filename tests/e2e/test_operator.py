@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.procs import hold_down, wait_steady
 
-from .cluster import REPO, Cluster, KubectlError, http_ok
+from .cluster import REPO, Cluster, KubectlError, denying_policy, http_ok
 from .operator_proc import OPERATOR_GROUPS, OPERATOR_USER, Operator
 from .procs import Proc, Procs, wait_for
 
@@ -68,33 +68,14 @@ def refusing_policy(installed: Cluster) -> Iterator[None]:
     operator's DaemonSetRejected path. Installed once it refuses a server-side dry run, removed afterwards."""
     name = f"e2e-refuse-daemonsets-{tag()}"
     denies = f"object.spec.template.spec.containers.exists(c, has(c.env) && c.env.exists(e, e.name == '{REFUSE_ENV}'))"
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["apps"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE", "UPDATE"],
-                        "resources": ["daemonsets"],
-                    }
-                ]
-            },
-            "validations": [{"expression": f"!({denies})", "message": REFUSED_BY_POLICY, "reason": "Invalid"}],
-        },
+    rule = {
+        "apiGroups": ["apps"],
+        "apiVersions": ["v1"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["daemonsets"],
     }
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {"policyName": name, "validationActions": ["Deny"]},
-    }
-    installed.apply(policy)
-    installed.apply(binding)
+    for obj in denying_policy(name, rule, denies, REFUSED_BY_POLICY, "Invalid"):
+        installed.apply(obj)
     probe = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
